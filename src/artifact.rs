@@ -1,0 +1,570 @@
+//! Export and load of a checkpoint directory — the one place that knows its layout.
+//!
+//! ```text
+//! <export>/
+//!   model.safetensors   f32 weights, PyTorch naming and layout (`backbone.0.weight` is
+//!                       [out, in]), so `torch.nn.Linear` can load them unchanged
+//!   manifest.json       architecture, feature/target names and normalisation, residual
+//!                       correlation, metrics, versions, dataset and weights SHA-256
+//! ```
+//!
+//! An export is written to a temporary sibling directory, fsynced, then renamed into place, so
+//! a reader never sees a half-written checkpoint. Loading verifies the weights' SHA-256 against
+//! the manifest and every tensor's name and shape against the manifest's architecture.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::Backend;
+use serde::{Deserialize, Serialize};
+
+use crate::data::ColumnStats;
+use crate::data::dataset::{Affine, sha256_hex};
+use crate::model::regression::linear_from;
+use crate::model::{RegressionNet, RegressionNetConfig};
+
+/// The weights file inside an export directory.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// The manifest file inside an export directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The manifest `format` tag.
+pub const FORMAT: &str = "kiln-checkpoint";
+/// The manifest format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Errors from writing or loading a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The directory has no manifest.
+    #[error("{dir} is not a kiln checkpoint: no {MANIFEST_FILE} (expected an export directory or a run directory containing export/)")]
+    NotACheckpoint {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The manifest does not parse.
+    #[error("{path}:{line}:{column}: invalid manifest: {message}")]
+    Manifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What was wrong.
+        message: String,
+    },
+    /// The weights file's hash differs from the manifest's.
+    #[error("{path}: weights SHA-256 mismatch: manifest says {expected}, file has {actual} (corrupt or replaced file)")]
+    HashMismatch {
+        /// The weights file.
+        path: PathBuf,
+        /// From the manifest.
+        expected: String,
+        /// Of the file.
+        actual: String,
+    },
+    /// The weights do not match the manifest's architecture.
+    #[error("{path}: architecture mismatch: {message}")]
+    Architecture {
+        /// The weights file.
+        path: PathBuf,
+        /// Which tensor and what was expected.
+        message: String,
+    },
+    /// The safetensors file does not parse.
+    #[error("{path}: invalid safetensors file: {message}")]
+    Weights {
+        /// The weights file.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// One linear layer on the host, Burn layout: `w` is `[fan_in, fan_out]` row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostLinear {
+    /// Inputs.
+    pub fan_in: usize,
+    /// Outputs.
+    pub fan_out: usize,
+    /// Weights, `[fan_in, fan_out]` row-major.
+    pub w: Vec<f32>,
+    /// Biases, `[fan_out]`.
+    pub b: Vec<f32>,
+}
+
+/// A network's weights on the host: backbone layers, mean head, log-variance head.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostWeights {
+    /// The architecture.
+    pub arch: RegressionNetConfig,
+    /// Backbone layers in order.
+    pub backbone: Vec<HostLinear>,
+    /// Mean head.
+    pub mean_head: HostLinear,
+    /// Log-variance head.
+    pub logvar_head: HostLinear,
+}
+
+fn linear_to_host<B: Backend>(l: &burn::nn::Linear<B>) -> HostLinear {
+    let [fan_in, fan_out] = l.weight.dims();
+    let w = l
+        .weight
+        .val()
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("f32 weights");
+    let b = match &l.bias {
+        Some(b) => b
+            .val()
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .expect("f32 bias"),
+        None => vec![0.0; fan_out],
+    };
+    HostLinear {
+        fan_in,
+        fan_out,
+        w,
+        b,
+    }
+}
+
+impl HostWeights {
+    /// Copy a network's weights to the host.
+    pub fn from_model<B: Backend>(model: &RegressionNet<B>) -> Self {
+        Self {
+            arch: model.architecture(),
+            backbone: model.backbone.iter().map(linear_to_host).collect(),
+            mean_head: linear_to_host(&model.mean_head),
+            logvar_head: linear_to_host(&model.logvar_head),
+        }
+    }
+
+    /// Build a Burn network on `device` from these weights.
+    pub fn to_model<B: Backend>(&self, device: &B::Device) -> RegressionNet<B> {
+        let mk = |l: &HostLinear| linear_from(l.w.clone(), l.b.clone(), l.fan_in, l.fan_out, device);
+        RegressionNet {
+            backbone: self.backbone.iter().map(mk).collect(),
+            mean_head: mk(&self.mean_head),
+            logvar_head: mk(&self.logvar_head),
+            activation: self.arch.activation,
+        }
+    }
+
+    /// `(name, layer)` pairs in file order.
+    pub fn named(&self) -> Vec<(String, &HostLinear)> {
+        let mut v: Vec<(String, &HostLinear)> = self
+            .backbone
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (format!("backbone.{i}"), l))
+            .collect();
+        v.push(("mean_head".into(), &self.mean_head));
+        v.push(("logvar_head".into(), &self.logvar_head));
+        v
+    }
+
+    /// Serialise as safetensors (PyTorch names and `[out, in]` weight layout).
+    pub fn to_safetensors(&self) -> Vec<u8> {
+        let mut tensors: BTreeMap<String, (Vec<u8>, Vec<usize>)> = BTreeMap::new();
+        for (name, l) in self.named() {
+            let mut t = vec![0f32; l.w.len()];
+            for i in 0..l.fan_in {
+                for o in 0..l.fan_out {
+                    t[o * l.fan_in + i] = l.w[i * l.fan_out + o];
+                }
+            }
+            tensors.insert(format!("{name}.weight"), (le_bytes(&t), vec![l.fan_out, l.fan_in]));
+            tensors.insert(format!("{name}.bias"), (le_bytes(&l.b), vec![l.fan_out]));
+        }
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .map(|(k, (bytes, shape))| {
+                let view = safetensors::tensor::TensorView::new(
+                    safetensors::Dtype::F32,
+                    shape.clone(),
+                    bytes,
+                )
+                .expect("consistent tensor view");
+                (k.clone(), view)
+            })
+            .collect();
+        safetensors::serialize(views, None).expect("serialising in-memory tensors")
+    }
+
+    /// Parse safetensors bytes and check them against `arch`.
+    pub fn from_safetensors(
+        bytes: &[u8],
+        arch: &RegressionNetConfig,
+        path: &Path,
+    ) -> Result<Self, ArtifactError> {
+        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| ArtifactError::Weights {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let arch_err = |message: String| ArtifactError::Architecture {
+            path: path.to_path_buf(),
+            message,
+        };
+        let shapes = arch.layer_shapes();
+        let mut names: Vec<String> = (0..arch.hidden.len()).map(|i| format!("backbone.{i}")).collect();
+        names.push("mean_head".into());
+        names.push("logvar_head".into());
+        let expected: Vec<String> = names
+            .iter()
+            .flat_map(|n| [format!("{n}.weight"), format!("{n}.bias")])
+            .collect();
+        for present in st.names() {
+            if !expected.iter().any(|e| e == present) {
+                return Err(arch_err(format!(
+                    "unexpected tensor `{present}` (the manifest's architecture has {} layers: {})",
+                    names.len(),
+                    names.join(", ")
+                )));
+            }
+        }
+        let read = |name: &str, shape: &[usize]| -> Result<Vec<f32>, ArtifactError> {
+            let t = st
+                .tensor(name)
+                .map_err(|_| arch_err(format!("missing tensor `{name}` with shape {shape:?}")))?;
+            if t.dtype() != safetensors::Dtype::F32 {
+                return Err(arch_err(format!("tensor `{name}` has dtype {:?}, expected F32", t.dtype())));
+            }
+            if t.shape() != shape {
+                return Err(arch_err(format!(
+                    "tensor `{name}` has shape {:?}, expected {shape:?}",
+                    t.shape()
+                )));
+            }
+            Ok(t.data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        };
+        let mut layers = Vec::with_capacity(names.len());
+        for (name, &(fan_in, fan_out)) in names.iter().zip(&shapes) {
+            let t = read(&format!("{name}.weight"), &[fan_out, fan_in])?;
+            let b = read(&format!("{name}.bias"), &[fan_out])?;
+            let mut w = vec![0f32; t.len()];
+            for o in 0..fan_out {
+                for i in 0..fan_in {
+                    w[i * fan_out + o] = t[o * fan_in + i];
+                }
+            }
+            layers.push(HostLinear {
+                fan_in,
+                fan_out,
+                w,
+                b,
+            });
+        }
+        let logvar_head = layers.pop().expect("heads");
+        let mean_head = layers.pop().expect("heads");
+        Ok(Self {
+            arch: arch.clone(),
+            backbone: layers,
+            mean_head,
+            logvar_head,
+        })
+    }
+}
+
+fn le_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Where the dataset came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetInfo {
+    /// The CSV path as configured.
+    pub path: String,
+    /// SHA-256 of the CSV file.
+    pub sha256: String,
+    /// Rows in the train / validation / test splits.
+    pub rows: [usize; 3],
+    /// The split as configured, e.g. `{"train": "≤ 2014", …}`.
+    pub split: BTreeMap<String, String>,
+}
+
+/// The weights file and its hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightsInfo {
+    /// File name inside the export directory.
+    pub file: String,
+    /// SHA-256 of the file.
+    pub sha256: String,
+    /// Element type.
+    pub dtype: String,
+}
+
+/// The checkpoint manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`FORMAT_VERSION`].
+    pub format_version: u32,
+    /// kiln's version.
+    pub kiln_version: String,
+    /// Burn's version.
+    pub burn_version: String,
+    /// RFC 3339 UTC creation time.
+    pub created_at: String,
+    /// The run that produced it.
+    pub run_id: String,
+    /// The network's architecture.
+    pub architecture: RegressionNetConfig,
+    /// Parameter count.
+    pub parameter_count: usize,
+    /// Features in network order with their training-split normalisation.
+    pub features: Vec<ColumnStats>,
+    /// Targets with their training-split normalisation.
+    pub targets: Vec<ColumnStats>,
+    /// Correlation of the standardised residuals `(y − μ)/σ` between targets on the
+    /// validation split (`k × k`).
+    pub residual_correlation: Vec<Vec<f64>>,
+    /// Evaluation results (the test-split table and per-stage summaries).
+    pub metrics: serde_json::Value,
+    /// The dataset.
+    pub dataset: DatasetInfo,
+    /// The weights file.
+    pub weights: WeightsInfo,
+    /// SHA-256 of the experiment config text.
+    pub config_sha256: String,
+    /// Inference latency measured at the end of the run (added by the run registry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<serde_json::Value>,
+}
+
+impl Manifest {
+    /// The feature normalisation as an f32 affine map.
+    pub fn feature_affine(&self) -> Affine {
+        Affine::new(&self.features)
+    }
+
+    /// Feature names in network order.
+    pub fn feature_names(&self) -> Vec<String> {
+        self.features.iter().map(|c| c.name.clone()).collect()
+    }
+
+    /// Target names.
+    pub fn target_names(&self) -> Vec<String> {
+        self.targets.iter().map(|c| c.name.clone()).collect()
+    }
+}
+
+/// A loaded, verified checkpoint.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// The export directory.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its weights.
+    pub weights: HostWeights,
+}
+
+/// Resolve a path given by a user: an export directory, or a run directory holding `export/`.
+pub fn resolve_dir(dir: &Path) -> PathBuf {
+    if !dir.join(MANIFEST_FILE).exists() && dir.join("export").join(MANIFEST_FILE).exists() {
+        dir.join("export")
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+impl Checkpoint {
+    /// Load and verify a checkpoint.
+    pub fn load(dir: &Path) -> Result<Self, ArtifactError> {
+        let dir = resolve_dir(dir);
+        let mpath = dir.join(MANIFEST_FILE);
+        if !mpath.exists() {
+            return Err(ArtifactError::NotACheckpoint { dir });
+        }
+        let text = std::fs::read_to_string(&mpath).map_err(|source| ArtifactError::Io {
+            path: mpath.clone(),
+            source,
+        })?;
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| ArtifactError::Manifest {
+            path: mpath.clone(),
+            line: e.line(),
+            column: e.column(),
+            message: e.to_string(),
+        })?;
+        let bad_manifest = |message: String| ArtifactError::Manifest {
+            path: mpath.clone(),
+            line: 0,
+            column: 0,
+            message,
+        };
+        if manifest.format != FORMAT || manifest.format_version != FORMAT_VERSION {
+            return Err(bad_manifest(format!(
+                "format {:?} version {} is not {FORMAT:?} version {FORMAT_VERSION}",
+                manifest.format, manifest.format_version
+            )));
+        }
+        let arch = &manifest.architecture;
+        if manifest.features.len() != arch.n_features || manifest.targets.len() != arch.n_targets {
+            return Err(bad_manifest(format!(
+                "{} features and {} targets listed, but the architecture has {} and {}",
+                manifest.features.len(),
+                manifest.targets.len(),
+                arch.n_features,
+                arch.n_targets
+            )));
+        }
+        let wpath = dir.join(&manifest.weights.file);
+        let bytes = std::fs::read(&wpath).map_err(|source| ArtifactError::Io {
+            path: wpath.clone(),
+            source,
+        })?;
+        let actual = sha256_hex(&bytes);
+        if actual != manifest.weights.sha256 {
+            return Err(ArtifactError::HashMismatch {
+                path: wpath,
+                expected: manifest.weights.sha256.clone(),
+                actual,
+            });
+        }
+        let weights = HostWeights::from_safetensors(&bytes, arch, &wpath)?;
+        Ok(Self {
+            dir,
+            manifest,
+            weights,
+        })
+    }
+}
+
+/// Write `manifest` (its weights hash filled in here) and `weights` as a checkpoint at `dest`,
+/// atomically: a temporary sibling directory is written, fsynced and renamed to `dest`.
+/// `dest` must not exist.
+pub fn export(dest: &Path, mut manifest: Manifest, weights: &HostWeights) -> Result<Manifest, ArtifactError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ArtifactError::Io { path, source }
+    };
+    let parent = dest.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "export".into());
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    std::fs::create_dir(&tmp).map_err(io(&tmp))?;
+    let result = (|| {
+        let bytes = weights.to_safetensors();
+        manifest.weights = WeightsInfo {
+            file: WEIGHTS_FILE.into(),
+            sha256: sha256_hex(&bytes),
+            dtype: "F32".into(),
+        };
+        manifest.parameter_count = weights.arch.num_params();
+        manifest.architecture = weights.arch.clone();
+        write_synced(&tmp.join(WEIGHTS_FILE), &bytes)?;
+        let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+        write_synced(&tmp.join(MANIFEST_FILE), &json)?;
+        sync_dir(&tmp)?;
+        std::fs::rename(&tmp, dest).map_err(io(dest))?;
+        sync_dir(parent)?;
+        Ok(manifest)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+/// Write a file and fsync it.
+pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), ArtifactError> {
+    let io = |source| ArtifactError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::create(path).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)
+}
+
+/// Write a file atomically: temporary sibling, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ArtifactError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    write_synced(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        ArtifactError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    if let Some(parent) = path.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// fsync a directory so a rename inside it is durable.
+pub fn sync_dir(dir: &Path) -> Result<(), ArtifactError> {
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|source| ArtifactError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    #[test]
+    fn safetensors_round_trip_uses_pytorch_layout() {
+        let arch = RegressionNetConfig {
+            n_features: 3,
+            hidden: vec![4],
+            n_targets: 2,
+            activation: crate::config::Activation::Relu,
+        };
+        let net = arch.init::<Flex>(5, &Default::default());
+        let w = HostWeights::from_model(&net);
+        let bytes = w.to_safetensors();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("backbone.0.weight").unwrap().shape(), &[4, 3]);
+        assert_eq!(st.tensor("mean_head.bias").unwrap().shape(), &[2]);
+        let back = HostWeights::from_safetensors(&bytes, &arch, Path::new("m")).unwrap();
+        assert_eq!(back, w);
+        let wrong = RegressionNetConfig {
+            hidden: vec![5],
+            ..arch.clone()
+        };
+        let e = HostWeights::from_safetensors(&bytes, &wrong, Path::new("m")).unwrap_err();
+        assert!(e.to_string().contains("backbone.0.weight` has shape [4, 3], expected [5, 3]"), "{e}");
+        let deeper = RegressionNetConfig {
+            hidden: vec![4, 4],
+            ..arch
+        };
+        let e = HostWeights::from_safetensors(&bytes, &deeper, Path::new("m")).unwrap_err();
+        assert!(e.to_string().contains("architecture mismatch"), "{e}");
+    }
+}

@@ -1,0 +1,30 @@
+//! `kiln predict --checkpoint DIR --input rows.csv [--output out.csv]`.
+
+use std::path::Path;
+
+use super::{CliError, CliResult};
+use crate::artifact::Checkpoint;
+use crate::infer::BurnEngine;
+use crate::predict::{PredictError, Predictor, predict_csv, write_output};
+
+/// Load a checkpoint once and predict every row of `input`.
+pub fn run(checkpoint: &Path, input: &Path, output: Option<&Path>) -> CliResult {
+    let ckpt = Checkpoint::load(checkpoint).map_err(CliError::input)?;
+    let engine = BurnEngine::<crate::backend::Cpu>::new(&ckpt.weights, Default::default(), "burn");
+    let mut predictor = Predictor::for_checkpoint(&ckpt, Box::new(engine));
+    let (text, rows) = predict_csv(
+        &mut predictor,
+        input,
+        &ckpt.manifest.feature_names(),
+        &ckpt.manifest.target_names(),
+    )
+    .map_err(|e| match e {
+        PredictError::Data(_) => CliError::input(e),
+        other => CliError::from(other),
+    })?;
+    write_output(&text, output)?;
+    if let Some(out) = output {
+        eprintln!("{}: {rows} rows predicted by {}", out.display(), predictor.engine_name());
+    }
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! CSV → named columns, with errors that name the file, line and column.
+
+use std::path::{Path, PathBuf};
+
+/// Errors from reading tabular data or building datasets from it.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The file could not be opened or read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file is not well-formed CSV (e.g. a row with the wrong number of fields).
+    #[error("{path}:{line}: malformed CSV: {message}")]
+    Csv {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: u64,
+        /// What was wrong.
+        message: String,
+    },
+    /// A required column is not in the header.
+    #[error("{path}: missing column `{column}` (the header has: {available})")]
+    MissingColumn {
+        /// The file.
+        path: PathBuf,
+        /// The missing column.
+        column: String,
+        /// The header, comma-separated.
+        available: String,
+    },
+    /// A cell in a numeric column does not parse as a number.
+    #[error("{path}:{line}: column `{column}`: expected a number, got {value:?}")]
+    NotNumeric {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: u64,
+        /// The column.
+        column: String,
+        /// The cell text.
+        value: String,
+    },
+    /// A cell is NaN or infinite.
+    #[error("{path}:{line}: column `{column}`: expected a finite number, got {value:?}")]
+    NonFinite {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: u64,
+        /// The column.
+        column: String,
+        /// The cell text.
+        value: String,
+    },
+    /// The file has a header but no data rows.
+    #[error("{path}: no data rows")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A split selects no rows.
+    #[error("{path}: the {split} split ({range}) selects no rows of column `{column}`")]
+    EmptySplit {
+        /// The file.
+        path: PathBuf,
+        /// `train`, `validation` or `test`.
+        split: &'static str,
+        /// The season range.
+        range: String,
+        /// The season column.
+        column: String,
+    },
+    /// A generic, already-located problem (dataset derivation).
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A CSV file held as text cells, with the line number of each row.
+#[derive(Debug, Clone)]
+pub struct CsvTable {
+    /// Where it was read from (for messages).
+    pub path: PathBuf,
+    /// The header.
+    pub header: Vec<String>,
+    /// Rows of cells.
+    pub rows: Vec<Vec<String>>,
+    /// The 1-based line of each row.
+    pub lines: Vec<u64>,
+}
+
+impl CsvTable {
+    /// Read a whole CSV file with a header row.
+    pub fn read(path: &Path) -> Result<Self, DataError> {
+        let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_bytes(&bytes, path)
+    }
+
+    /// Parse CSV bytes; `path` is only used in messages.
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self, DataError> {
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .trim(csv::Trim::All)
+            .from_reader(bytes);
+        let csv_err = |e: csv::Error| {
+            let line = e.position().map(|p| p.line()).unwrap_or(0);
+            DataError::Csv {
+                path: path.to_path_buf(),
+                line,
+                message: match e.kind() {
+                    csv::ErrorKind::UnequalLengths {
+                        expected_len, len, ..
+                    } => format!("expected {expected_len} fields, found {len}"),
+                    csv::ErrorKind::Utf8 { .. } => "invalid UTF-8".to_string(),
+                    _ => e.to_string(),
+                },
+            }
+        };
+        let header: Vec<String> = reader
+            .headers()
+            .map_err(csv_err)?
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut rows = Vec::new();
+        let mut lines = Vec::new();
+        let mut record = csv::StringRecord::new();
+        loop {
+            match reader.read_record(&mut record) {
+                Ok(true) => {
+                    lines.push(record.position().map(|p| p.line()).unwrap_or(0));
+                    rows.push(record.iter().map(|s| s.to_string()).collect());
+                }
+                Ok(false) => break,
+                Err(e) => return Err(csv_err(e)),
+            }
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            header,
+            rows,
+            lines,
+        })
+    }
+
+    /// The index of a column, or an error listing the header.
+    pub fn column_index(&self, name: &str) -> Result<usize, DataError> {
+        self.header
+            .iter()
+            .position(|h| h == name)
+            .ok_or_else(|| DataError::MissingColumn {
+                path: self.path.clone(),
+                column: name.to_string(),
+                available: self.header.join(","),
+            })
+    }
+
+    /// A column parsed as finite numbers.
+    pub fn numeric_column(&self, name: &str) -> Result<Vec<f64>, DataError> {
+        let idx = self.column_index(name)?;
+        self.rows
+            .iter()
+            .zip(&self.lines)
+            .map(|(row, &line)| self.parse_cell(&row[idx], line, name))
+            .collect()
+    }
+
+    /// Parse one cell as a finite number.
+    pub fn parse_cell(&self, cell: &str, line: u64, column: &str) -> Result<f64, DataError> {
+        parse_finite(cell).map_err(|finite| {
+            let (path, column, value) = (self.path.clone(), column.to_string(), cell.to_string());
+            if finite {
+                DataError::NotNumeric {
+                    path,
+                    line,
+                    column,
+                    value,
+                }
+            } else {
+                DataError::NonFinite {
+                    path,
+                    line,
+                    column,
+                    value,
+                }
+            }
+        })
+    }
+
+    /// Several columns parsed as numbers, stored row-major as f32 (`rows × names.len()`).
+    pub fn numeric_matrix(&self, names: &[String]) -> Result<Vec<f32>, DataError> {
+        let idx: Vec<usize> = names
+            .iter()
+            .map(|n| self.column_index(n))
+            .collect::<Result<_, _>>()?;
+        let mut out = Vec::with_capacity(self.rows.len() * names.len());
+        for (row, &line) in self.rows.iter().zip(&self.lines) {
+            for (&i, name) in idx.iter().zip(names) {
+                out.push(self.parse_cell(&row[i], line, name)? as f32);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Parse a finite number. `Err(true)` = not a number at all, `Err(false)` = NaN or ±∞.
+pub fn parse_finite(cell: &str) -> Result<f64, bool> {
+    match cell.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err(false),
+        Err(_) => Err(true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Result<CsvTable, DataError> {
+        CsvTable::from_bytes(s.as_bytes(), Path::new("rows.csv"))
+    }
+
+    #[test]
+    fn errors_name_file_line_and_column() {
+        let tab = t("a,b\n1,2\n3,x\n").unwrap();
+        assert_eq!(tab.numeric_column("a").unwrap(), vec![1.0, 3.0]);
+        let e = tab.numeric_column("b").unwrap_err().to_string();
+        assert_eq!(e, "rows.csv:3: column `b`: expected a number, got \"x\"");
+        let e = tab.numeric_column("c").unwrap_err().to_string();
+        assert!(e.contains("missing column `c`") && e.contains("a,b"), "{e}");
+        let tab = t("a,b\n1,NaN\n").unwrap();
+        let e = tab.numeric_column("b").unwrap_err().to_string();
+        assert!(e.contains("rows.csv:2: column `b`: expected a finite number"), "{e}");
+        let tab = t("a,b\n1,\n").unwrap();
+        assert!(matches!(tab.numeric_column("b").unwrap_err(), DataError::NotNumeric { line: 2, .. }));
+    }
+
+    #[test]
+    fn ragged_rows_are_located() {
+        let e = t("a,b\n1,2\n3\n").unwrap_err().to_string();
+        assert!(e.starts_with("rows.csv:3: malformed CSV: expected 2 fields, found 1"), "{e}");
+    }
+}

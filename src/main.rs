@@ -1,0 +1,183 @@
+//! The `kiln` command line: parse, then call one function per subcommand in `kiln::cli`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use kiln::cli::{self, CliResult};
+use kiln::data::baseball::BaseballSpec;
+use kiln::data::synthetic::SyntheticSpec;
+use kiln::train::ProgressMode;
+
+/// kiln — train compact regression networks on a schedule and serve them on a
+/// latency-critical path, with Burn.
+#[derive(Parser)]
+#[command(name = "kiln", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model from a YAML experiment config and export a checkpoint.
+    ///
+    /// Each run gets a fresh directory under `<export.dir>/runs/`; a rerun of the same
+    /// config never overwrites a finished run. The export directory is printed on stdout.
+    Train {
+        /// The experiment config (e.g. configs/baseball.yaml).
+        config: PathBuf,
+        /// Continue an interrupted run (its directory) from its last epoch snapshot.
+        #[arg(long, value_name = "RUN_DIR")]
+        resume: Option<PathBuf>,
+        /// Plain log lines instead of progress bars, even on a terminal.
+        #[arg(long)]
+        plain: bool,
+        /// Only warnings, errors and the export path.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Inspect experiment configs.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Build datasets.
+    Dataset {
+        #[command(subcommand)]
+        command: DatasetCommand,
+    },
+    /// Predict mean and standard deviation per target for every row of a CSV file.
+    Predict(PredictArgs),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate a config (keys, types, value ranges) without training.
+    Check {
+        /// The config file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum DatasetCommand {
+    /// Derive the player-season table from the Baseball Databank (byte-for-byte reproducible).
+    Baseball {
+        /// The Databank directory holding Batting.csv and People.csv.
+        #[arg(long, default_value = "../shared/datasets/baseballdatabank-2021.2")]
+        source: PathBuf,
+        /// Output CSV.
+        #[arg(long, default_value = "datasets/baseball.csv")]
+        out: PathBuf,
+        /// Minimum plate appearances in each of seasons t−2, t−1 and t.
+        #[arg(long, default_value_t = 100)]
+        min_pa: u32,
+        /// First season t emitted.
+        #[arg(long, default_value_t = 1960)]
+        first_season: i64,
+    },
+    /// Generate a seeded synthetic regression table (id, season, f0.., y0..).
+    Synthetic {
+        /// Rows.
+        #[arg(long)]
+        rows: usize,
+        /// Feature columns.
+        #[arg(long, default_value_t = 20)]
+        features: usize,
+        /// Target columns.
+        #[arg(long, default_value_t = 3)]
+        targets: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Output CSV.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct PredictArgs {
+    /// An export directory (or a run directory containing export/).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// CSV with (at least) the checkpoint's feature columns, in any order.
+    #[arg(long)]
+    input: PathBuf,
+    /// Output CSV (stdout when absent). Written atomically.
+    #[arg(long)]
+    output: Option<PathBuf>,
+}
+
+fn run(cli: Cli) -> CliResult {
+    match cli.command {
+        Command::Train {
+            config,
+            resume,
+            plain,
+            quiet,
+        } => cli::train::run(cli::train::TrainArgs {
+            config: &config,
+            resume: resume.as_deref(),
+            progress: if quiet {
+                ProgressMode::Quiet
+            } else if plain {
+                ProgressMode::Plain
+            } else {
+                ProgressMode::Auto
+            },
+        }),
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => cli::config::check(&file),
+        Command::Dataset { command } => match command {
+            DatasetCommand::Baseball {
+                source,
+                out,
+                min_pa,
+                first_season,
+            } => cli::dataset::baseball(
+                &source,
+                &out,
+                BaseballSpec {
+                    min_pa,
+                    first_season,
+                },
+            ),
+            DatasetCommand::Synthetic {
+                rows,
+                features,
+                targets,
+                seed,
+                out,
+            } => cli::dataset::synthetic(
+                &out,
+                SyntheticSpec {
+                    rows,
+                    features,
+                    targets,
+                    seed,
+                },
+            ),
+        },
+        Command::Predict(a) => cli::predict::run(&a.checkpoint, &a.input, a.output.as_deref()),
+    }
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KILN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let chain: Vec<String> = e.error.chain().map(|c| c.to_string()).collect();
+            eprintln!("error: {}", chain.join(": "));
+            ExitCode::from(e.code)
+        }
+    }
+}

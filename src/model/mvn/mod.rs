@@ -1,0 +1,1 @@
+//! Halton multivariate-normal CDF estimator (see issue 3).

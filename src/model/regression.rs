@@ -1,0 +1,228 @@
+//! `RegressionNet`: an MLP backbone with a mean head and a log-variance head.
+//!
+//! ```text
+//! x ─► Linear ─► act ─► … ─► Linear ─► act ─► h ─┬─► mean_head   ─► μ        (k)
+//!                  backbone                       └─► logvar_head ─► log σ²   (k)
+//! ```
+//!
+//! Built from [`RegressionNetConfig`] by `init(device)`; weights are drawn from kiln's seeded
+//! generator with PyTorch's `nn.Linear` default (U(−1/√fan_in, 1/√fan_in) for weights and
+//! biases), so a run's initial weights depend only on its seed.
+
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::activation;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Activation;
+use crate::rng::SplitMix64;
+
+/// Stream label for weight initialisation.
+const INIT_STREAM: u64 = 0x494e_4954;
+
+/// The architecture: everything needed to rebuild the network's shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegressionNetConfig {
+    /// Input features.
+    pub n_features: usize,
+    /// Backbone hidden widths.
+    pub hidden: Vec<usize>,
+    /// Targets (outputs per head).
+    pub n_targets: usize,
+    /// Hidden activation.
+    pub activation: Activation,
+}
+
+impl RegressionNetConfig {
+    /// The reference network used by benchmarks: 20 → 48 → 48 → (3 + 3), ReLU, 3,654 parameters.
+    pub fn reference() -> Self {
+        Self {
+            n_features: 20,
+            hidden: vec![48, 48],
+            n_targets: 3,
+            activation: Activation::Relu,
+        }
+    }
+
+    /// `(fan_in, fan_out)` of every linear layer in order: backbone…, mean head, log-var head.
+    pub fn layer_shapes(&self) -> Vec<(usize, usize)> {
+        let mut v = Vec::new();
+        let mut fan_in = self.n_features;
+        for &w in &self.hidden {
+            v.push((fan_in, w));
+            fan_in = w;
+        }
+        v.push((fan_in, self.n_targets));
+        v.push((fan_in, self.n_targets));
+        v
+    }
+
+    /// Parameter count (weights and biases).
+    pub fn num_params(&self) -> usize {
+        self.layer_shapes().iter().map(|(i, o)| i * o + o).sum()
+    }
+
+    /// FLOPs per row of a forward pass (2 per multiply-add, plus bias adds).
+    pub fn flops_per_row(&self) -> usize {
+        self.layer_shapes().iter().map(|(i, o)| 2 * i * o).sum()
+    }
+
+    /// Build the network on `device` with weights drawn from `seed`.
+    pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> RegressionNet<B> {
+        let mut rng = SplitMix64::derive(seed, &[INIT_STREAM]);
+        let mut layers: Vec<Linear<B>> = self
+            .layer_shapes()
+            .into_iter()
+            .map(|(i, o)| {
+                let bound = 1.0 / (i as f64).sqrt();
+                let w: Vec<f32> = (0..i * o)
+                    .map(|_| rng.uniform(-bound, bound) as f32)
+                    .collect();
+                let b: Vec<f32> = (0..o).map(|_| rng.uniform(-bound, bound) as f32).collect();
+                linear_from(w, b, i, o, device)
+            })
+            .collect();
+        let logvar_head = layers.pop().expect("two heads");
+        let mean_head = layers.pop().expect("two heads");
+        RegressionNet {
+            backbone: layers,
+            mean_head,
+            logvar_head,
+            activation: self.activation,
+        }
+    }
+}
+
+/// A `Linear` from host weights stored `[fan_in, fan_out]` row-major (Burn's layout).
+pub fn linear_from<B: Backend>(
+    w: Vec<f32>,
+    b: Vec<f32>,
+    fan_in: usize,
+    fan_out: usize,
+    device: &B::Device,
+) -> Linear<B> {
+    Linear {
+        weight: Param::from_tensor(Tensor::from_data(
+            TensorData::new(w, [fan_in, fan_out]),
+            device,
+        )),
+        bias: Some(Param::from_tensor(Tensor::from_data(
+            TensorData::new(b, [fan_out]),
+            device,
+        ))),
+    }
+}
+
+/// The two heads' outputs for a batch.
+#[derive(Debug, Clone)]
+pub struct RegressionOutput<B: Backend> {
+    /// Predicted means (normalised target units), `[batch, k]`.
+    pub mean: Tensor<B, 2>,
+    /// Predicted log-variances (normalised target units), `[batch, k]`.
+    pub log_var: Tensor<B, 2>,
+}
+
+/// The compact regression network.
+#[derive(Module, Debug)]
+pub struct RegressionNet<B: Backend> {
+    /// Hidden layers.
+    pub backbone: Vec<Linear<B>>,
+    /// Mean head.
+    pub mean_head: Linear<B>,
+    /// Log-variance head.
+    pub logvar_head: Linear<B>,
+    /// Hidden activation (not a parameter).
+    #[module(skip)]
+    pub activation: Activation,
+}
+
+impl<B: Backend> RegressionNet<B> {
+    /// The one forward pass: both heads on normalised features `[batch, n_features]`.
+    pub fn forward(&self, x: Tensor<B, 2>) -> RegressionOutput<B> {
+        let _span = tracing::trace_span!("RegressionNet").entered();
+        let mut h = x;
+        for (i, layer) in self.backbone.iter().enumerate() {
+            let _s = tracing::trace_span!("module", path = LAYER_PATHS.get(i).copied().unwrap_or("RegressionNet/backbone/n")).entered();
+            h = apply_activation(layer.forward(h), self.activation);
+        }
+        let mean = {
+            let _s = tracing::trace_span!("module", path = "RegressionNet/mean_head").entered();
+            self.mean_head.forward(h.clone())
+        };
+        let log_var = {
+            let _s = tracing::trace_span!("module", path = "RegressionNet/logvar_head").entered();
+            self.logvar_head.forward(h)
+        };
+        RegressionOutput { mean, log_var }
+    }
+
+    /// The architecture of this network.
+    pub fn architecture(&self) -> RegressionNetConfig {
+        let [n_features, _] = self
+            .backbone
+            .first()
+            .map(|l| l.weight.dims())
+            .unwrap_or_else(|| self.mean_head.weight.dims());
+        RegressionNetConfig {
+            n_features,
+            hidden: self.backbone.iter().map(|l| l.weight.dims()[1]).collect(),
+            n_targets: self.mean_head.weight.dims()[1],
+            activation: self.activation,
+        }
+    }
+}
+
+/// Span names of the first backbone layers (static strings keep disabled spans free).
+const LAYER_PATHS: [&str; 8] = [
+    "RegressionNet/backbone/0",
+    "RegressionNet/backbone/1",
+    "RegressionNet/backbone/2",
+    "RegressionNet/backbone/3",
+    "RegressionNet/backbone/4",
+    "RegressionNet/backbone/5",
+    "RegressionNet/backbone/6",
+    "RegressionNet/backbone/7",
+];
+
+/// Apply a hidden activation.
+pub fn apply_activation<B: Backend, const D: usize>(x: Tensor<B, D>, a: Activation) -> Tensor<B, D> {
+    match a {
+        Activation::Relu => activation::relu(x),
+        Activation::Gelu => activation::gelu(x),
+        Activation::Tanh => activation::tanh(x),
+        Activation::Silu => activation::silu(x),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    #[test]
+    fn reference_network_has_3654_parameters() {
+        let cfg = RegressionNetConfig::reference();
+        assert_eq!(cfg.num_params(), 3654);
+        assert_eq!(cfg.flops_per_row(), 7104);
+        let net = cfg.init::<Flex>(1, &Default::default());
+        assert_eq!(net.num_params(), 3654);
+        assert_eq!(net.architecture(), cfg);
+        let out = net.forward(Tensor::zeros([5, 20], &Default::default()));
+        assert_eq!(out.mean.dims(), [5, 3]);
+        assert_eq!(out.log_var.dims(), [5, 3]);
+    }
+
+    #[test]
+    fn init_is_a_function_of_the_seed() {
+        let cfg = RegressionNetConfig::reference();
+        let d = Default::default();
+        let a = cfg.init::<Flex>(7, &d).mean_head.weight.val().into_data();
+        let b = cfg.init::<Flex>(7, &d).mean_head.weight.val().into_data();
+        let c = cfg.init::<Flex>(8, &d).mean_head.weight.val().into_data();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+}

@@ -1,0 +1,192 @@
+//! Prediction in original units: the manifest's normalisation around an inference engine,
+//! and `kiln predict` over a CSV file.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::artifact::{ArtifactError, Checkpoint, write_atomic};
+use crate::data::ColumnStats;
+use crate::data::dataset::Affine;
+use crate::data::table::{CsvTable, DataError};
+use crate::infer::{Engine, HeadOutput, InferError};
+
+/// Errors from `kiln predict`.
+#[derive(Debug, thiserror::Error)]
+pub enum PredictError {
+    /// Reading the checkpoint failed.
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    /// Reading the input failed.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The engine failed.
+    #[error(transparent)]
+    Infer(#[from] InferError),
+    /// Writing the output failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// Predictions in original units, row-major `rows × k`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    /// Predicted means.
+    pub mean: Vec<f32>,
+    /// Predicted standard deviations.
+    pub std: Vec<f32>,
+}
+
+/// An engine plus the checkpoint's normalisation.
+pub struct Predictor {
+    engine: Box<dyn Engine>,
+    x_norm: Affine,
+    targets: Vec<ColumnStats>,
+    scratch_x: Vec<f32>,
+    scratch_out: HeadOutput,
+}
+
+impl Predictor {
+    /// Wrap an engine with the normalisation of `features` and `targets`.
+    pub fn new(engine: Box<dyn Engine>, features: &[ColumnStats], targets: &[ColumnStats]) -> Self {
+        Self {
+            engine,
+            x_norm: Affine::new(features),
+            targets: targets.to_vec(),
+            scratch_x: Vec::new(),
+            scratch_out: HeadOutput::default(),
+        }
+    }
+
+    /// For a loaded checkpoint.
+    pub fn for_checkpoint(ckpt: &Checkpoint, engine: Box<dyn Engine>) -> Self {
+        Self::new(engine, &ckpt.manifest.features, &ckpt.manifest.targets)
+    }
+
+    /// Features per row.
+    pub fn n_features(&self) -> usize {
+        self.x_norm.scale.len()
+    }
+
+    /// Targets per row.
+    pub fn n_targets(&self) -> usize {
+        self.targets.len()
+    }
+
+    /// The engine's name.
+    pub fn engine_name(&self) -> String {
+        self.engine.name()
+    }
+
+    /// Predict `rows` raw feature rows (`rows × n_features`, original units).
+    pub fn predict(&mut self, x_raw: &[f32], rows: usize) -> Result<Prediction, InferError> {
+        let mut p = Prediction {
+            mean: Vec::new(),
+            std: Vec::new(),
+        };
+        self.predict_into(x_raw, rows, &mut p)?;
+        Ok(p)
+    }
+
+    /// Like [`Predictor::predict`], reusing `out`'s buffers.
+    pub fn predict_into(&mut self, x_raw: &[f32], rows: usize, out: &mut Prediction) -> Result<(), InferError> {
+        crate::infer::check_shape(x_raw, rows, self.n_features())?;
+        self.scratch_x.clear();
+        self.scratch_x.extend_from_slice(x_raw);
+        self.x_norm.apply(&mut self.scratch_x);
+        self.engine.forward(&self.scratch_x, rows, &mut self.scratch_out)?;
+        let k = self.targets.len();
+        out.mean.clear();
+        out.std.clear();
+        for (i, (&m, &lv)) in self
+            .scratch_out
+            .mean
+            .iter()
+            .zip(&self.scratch_out.log_var)
+            .enumerate()
+        {
+            let t = &self.targets[i % k];
+            out.mean.push((m as f64 * t.std + t.mean) as f32);
+            out.std.push(((0.5 * lv as f64).exp() * t.std) as f32);
+        }
+        Ok(())
+    }
+}
+
+/// Predict every row of a CSV file. Non-feature columns are passed through in front; then
+/// `<target>_mean` and `<target>_std` per target. Returns the CSV text and the row count.
+pub fn predict_csv(predictor: &mut Predictor, input: &Path, features: &[String], targets: &[String]) -> Result<(String, usize), PredictError> {
+    let table = CsvTable::read(input)?;
+    let x = table.numeric_matrix(features)?;
+    let passthrough: Vec<usize> = (0..table.header.len())
+        .filter(|&i| !features.contains(&table.header[i]))
+        .collect();
+    let rows = table.rows.len();
+    let k = targets.len();
+    let mut text = String::new();
+    let mut header: Vec<String> = passthrough.iter().map(|&i| table.header[i].clone()).collect();
+    for t in targets {
+        header.push(format!("{t}_mean"));
+        header.push(format!("{t}_std"));
+    }
+    text.push_str(&header.join(","));
+    text.push('\n');
+    const CHUNK: usize = 4096;
+    let nf = features.len();
+    let mut pred = Prediction {
+        mean: Vec::new(),
+        std: Vec::new(),
+    };
+    for start in (0..rows).step_by(CHUNK) {
+        let end = (start + CHUNK).min(rows);
+        predictor.predict_into(&x[start * nf..end * nf], end - start, &mut pred)?;
+        for r in start..end {
+            let mut first = true;
+            for &i in &passthrough {
+                if !first {
+                    text.push(',');
+                }
+                first = false;
+                text.push_str(&csv_field(&table.rows[r][i]));
+            }
+            for j in 0..k {
+                let o = (r - start) * k + j;
+                if !first {
+                    text.push(',');
+                }
+                first = false;
+                write!(text, "{},{}", pred.mean[o], pred.std[o]).expect("write to String");
+            }
+            text.push('\n');
+        }
+    }
+    Ok((text, rows))
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// Write predictions to a file atomically, or to stdout when `output` is `None`.
+pub fn write_output(text: &str, output: Option<&Path>) -> Result<(), PredictError> {
+    match output {
+        Some(p) => write_atomic(p, text.as_bytes()).map_err(PredictError::from),
+        None => {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(text.as_bytes())
+                .map_err(|source| PredictError::Io {
+                    path: "<stdout>".into(),
+                    source,
+                })
+        }
+    }
+}
