@@ -45,7 +45,9 @@ pub enum ArtifactError {
         source: std::io::Error,
     },
     /// The directory has no manifest.
-    #[error("{dir} is not a kiln checkpoint: no {MANIFEST_FILE} (expected an export directory or a run directory containing export/)")]
+    #[error(
+        "{dir} is not a kiln checkpoint: no {MANIFEST_FILE} (expected an export directory or a run directory containing export/)"
+    )]
     NotACheckpoint {
         /// The directory.
         dir: PathBuf,
@@ -63,7 +65,9 @@ pub enum ArtifactError {
         message: String,
     },
     /// The weights file's hash differs from the manifest's.
-    #[error("{path}: weights SHA-256 mismatch: manifest says {expected}, file has {actual} (corrupt or replaced file)")]
+    #[error(
+        "{path}: weights SHA-256 mismatch: manifest says {expected}, file has {actual} (corrupt or replaced file)"
+    )]
     HashMismatch {
         /// The weights file.
         path: PathBuf,
@@ -155,7 +159,8 @@ impl HostWeights {
 
     /// Build a Burn network on `device` from these weights.
     pub fn to_model<B: Backend>(&self, device: &B::Device) -> RegressionNet<B> {
-        let mk = |l: &HostLinear| linear_from(l.w.clone(), l.b.clone(), l.fan_in, l.fan_out, device);
+        let mk =
+            |l: &HostLinear| linear_from(l.w.clone(), l.b.clone(), l.fan_in, l.fan_out, device);
         RegressionNet {
             backbone: self.backbone.iter().map(mk).collect(),
             mean_head: mk(&self.mean_head),
@@ -187,7 +192,10 @@ impl HostWeights {
                     t[o * l.fan_in + i] = l.w[i * l.fan_out + o];
                 }
             }
-            tensors.insert(format!("{name}.weight"), (le_bytes(&t), vec![l.fan_out, l.fan_in]));
+            tensors.insert(
+                format!("{name}.weight"),
+                (le_bytes(&t), vec![l.fan_out, l.fan_in]),
+            );
             tensors.insert(format!("{name}.bias"), (le_bytes(&l.b), vec![l.fan_out]));
         }
         let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
@@ -211,16 +219,19 @@ impl HostWeights {
         arch: &RegressionNetConfig,
         path: &Path,
     ) -> Result<Self, ArtifactError> {
-        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| ArtifactError::Weights {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let st =
+            safetensors::SafeTensors::deserialize(bytes).map_err(|e| ArtifactError::Weights {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
         let arch_err = |message: String| ArtifactError::Architecture {
             path: path.to_path_buf(),
             message,
         };
         let shapes = arch.layer_shapes();
-        let mut names: Vec<String> = (0..arch.hidden.len()).map(|i| format!("backbone.{i}")).collect();
+        let mut names: Vec<String> = (0..arch.hidden.len())
+            .map(|i| format!("backbone.{i}"))
+            .collect();
         names.push("mean_head".into());
         names.push("logvar_head".into());
         let expected: Vec<String> = names
@@ -241,7 +252,10 @@ impl HostWeights {
                 .tensor(name)
                 .map_err(|_| arch_err(format!("missing tensor `{name}` with shape {shape:?}")))?;
             if t.dtype() != safetensors::Dtype::F32 {
-                return Err(arch_err(format!("tensor `{name}` has dtype {:?}, expected F32", t.dtype())));
+                return Err(arch_err(format!(
+                    "tensor `{name}` has dtype {:?}, expected F32",
+                    t.dtype()
+                )));
             }
             if t.shape() != shape {
                 return Err(arch_err(format!(
@@ -398,12 +412,13 @@ impl Checkpoint {
             path: mpath.clone(),
             source,
         })?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| ArtifactError::Manifest {
-            path: mpath.clone(),
-            line: e.line(),
-            column: e.column(),
-            message: e.to_string(),
-        })?;
+        let manifest: Manifest =
+            serde_json::from_str(&text).map_err(|e| ArtifactError::Manifest {
+                path: mpath.clone(),
+                line: e.line(),
+                column: e.column(),
+                message: e.to_string(),
+            })?;
         let bad_manifest = |message: String| ArtifactError::Manifest {
             path: mpath.clone(),
             line: 0,
@@ -451,7 +466,11 @@ impl Checkpoint {
 /// Write `manifest` (its weights hash filled in here) and `weights` as a checkpoint at `dest`,
 /// atomically: a temporary sibling directory is written, fsynced and renamed to `dest`.
 /// `dest` must not exist.
-pub fn export(dest: &Path, mut manifest: Manifest, weights: &HostWeights) -> Result<Manifest, ArtifactError> {
+pub fn export(
+    dest: &Path,
+    mut manifest: Manifest,
+    weights: &HostWeights,
+) -> Result<Manifest, ArtifactError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ArtifactError::Io { path, source }
@@ -524,7 +543,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ArtifactError> {
 
 /// fsync a directory so a rename inside it is durable.
 pub fn sync_dir(dir: &Path) -> Result<(), ArtifactError> {
-    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
     std::fs::File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(|source| ArtifactError::Io {
@@ -559,7 +582,11 @@ mod tests {
             ..arch.clone()
         };
         let e = HostWeights::from_safetensors(&bytes, &wrong, Path::new("m")).unwrap_err();
-        assert!(e.to_string().contains("backbone.0.weight` has shape [4, 3], expected [5, 3]"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("backbone.0.weight` has shape [4, 3], expected [5, 3]"),
+            "{e}"
+        );
         let deeper = RegressionNetConfig {
             hidden: vec![4, 4],
             ..arch

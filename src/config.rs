@@ -144,8 +144,14 @@ impl SeasonRange {
     }
 
     fn overlaps(&self, other: &SeasonRange) -> bool {
-        let lo = self.from.unwrap_or(i64::MIN).max(other.from.unwrap_or(i64::MIN));
-        let hi = self.to.unwrap_or(i64::MAX).min(other.to.unwrap_or(i64::MAX));
+        let lo = self
+            .from
+            .unwrap_or(i64::MIN)
+            .max(other.from.unwrap_or(i64::MIN));
+        let hi = self
+            .to
+            .unwrap_or(i64::MAX)
+            .min(other.to.unwrap_or(i64::MAX));
         lo <= hi
     }
 }
@@ -450,10 +456,11 @@ impl Default for OptimizerConfig {
 }
 
 /// Learning-rate schedule, stepped once per optimizer step.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ScheduleConfig {
     /// The base learning rate throughout.
+    #[default]
     Constant,
     /// PyTorch's `CosineAnnealingWarmRestarts`.
     CosineWarmRestarts {
@@ -470,12 +477,6 @@ pub enum ScheduleConfig {
 
 fn default_t_mult() -> u64 {
     1
-}
-
-impl Default for ScheduleConfig {
-    fn default() -> Self {
-        ScheduleConfig::Constant
-    }
 }
 
 /// One training stage.
@@ -639,6 +640,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ExperimentConfig, ConfigError> {
         if let ConfigError::Parse { message, .. } = &mut err
             && !key.is_empty()
             && key != "."
+            && !key.contains('?')
             && !message.contains(&key)
         {
             *message = format!("at `{key}`: {message}");
@@ -716,11 +718,19 @@ impl ExperimentConfig {
         ] {
             for (i, name) in list.iter().enumerate() {
                 if list[..i].contains(name) {
-                    return bad(format!("{key}[{i}]"), format!("column {name:?} is listed twice"));
+                    return bad(
+                        format!("{key}[{i}]"),
+                        format!("column {name:?} is listed twice"),
+                    );
                 }
             }
         }
-        if let Some(t) = self.data.targets.iter().find(|t| self.data.features.contains(t)) {
+        if let Some(t) = self
+            .data
+            .targets
+            .iter()
+            .find(|t| self.data.features.contains(t))
+        {
             return bad(
                 "data.targets".into(),
                 format!("column {t:?} is both a feature and a target"),
@@ -746,7 +756,9 @@ impl ExperimentConfig {
             if a.overlaps(b) {
                 return bad(
                     key.into(),
-                    format!("seasons {b} overlap seasons {a} of another split; splits must be disjoint"),
+                    format!(
+                        "seasons {b} overlap seasons {a} of another split; splits must be disjoint"
+                    ),
                 );
             }
         }
@@ -793,7 +805,10 @@ impl ExperimentConfig {
                 return bad(k("trainable"), "expected at least one part".into());
             }
             if s.epochs == 0 || s.epochs > 1_000_000 {
-                return bad(k("epochs"), format!("expected 1..=1000000, got {}", s.epochs));
+                return bad(
+                    k("epochs"),
+                    format!("expected 1..=1000000, got {}", s.epochs),
+                );
             }
             match s.loss {
                 Loss::Mse => {
@@ -822,25 +837,46 @@ impl ExperimentConfig {
             }
             let o = &s.optimizer;
             if !(o.lr.is_finite() && o.lr > 0.0 && o.lr <= 10.0) {
-                return bad(k("optimizer.lr"), format!("expected 0 < lr ≤ 10, got {}", o.lr));
+                return bad(
+                    k("optimizer.lr"),
+                    format!("expected 0 < lr ≤ 10, got {}", o.lr),
+                );
             }
             for (v, name) in [(o.beta1, "beta1"), (o.beta2, "beta2")] {
                 if !(0.0..1.0).contains(&v) {
-                    return bad(k(&format!("optimizer.{name}")), format!("expected 0 ≤ {name} < 1, got {v}"));
+                    return bad(
+                        k(&format!("optimizer.{name}")),
+                        format!("expected 0 ≤ {name} < 1, got {v}"),
+                    );
                 }
             }
             if !(o.eps.is_finite() && o.eps > 0.0) {
-                return bad(k("optimizer.eps"), format!("expected eps > 0, got {}", o.eps));
-            }
-            if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0 && o.lr * o.weight_decay < 1.0) {
                 return bad(
-                    k("optimizer.weight_decay"),
-                    format!("expected weight_decay ≥ 0 with lr·weight_decay < 1, got {}", o.weight_decay),
+                    k("optimizer.eps"),
+                    format!("expected eps > 0, got {}", o.eps),
                 );
             }
-            if let ScheduleConfig::CosineWarmRestarts { t_0, t_mult, eta_min } = s.schedule {
+            if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0 && o.lr * o.weight_decay < 1.0)
+            {
+                return bad(
+                    k("optimizer.weight_decay"),
+                    format!(
+                        "expected weight_decay ≥ 0 with lr·weight_decay < 1, got {}",
+                        o.weight_decay
+                    ),
+                );
+            }
+            if let ScheduleConfig::CosineWarmRestarts {
+                t_0,
+                t_mult,
+                eta_min,
+            } = s.schedule
+            {
                 if t_0 == 0 {
-                    return bad(k("schedule.t_0"), "expected T_0 ≥ 1 optimizer steps, got 0".into());
+                    return bad(
+                        k("schedule.t_0"),
+                        "expected T_0 ≥ 1 optimizer steps, got 0".into(),
+                    );
                 }
                 if t_mult == 0 {
                     return bad(k("schedule.t_mult"), "expected T_mult ≥ 1, got 0".into());
@@ -848,21 +884,30 @@ impl ExperimentConfig {
                 if !(eta_min.is_finite() && eta_min >= 0.0 && eta_min <= o.lr) {
                     return bad(
                         k("schedule.eta_min"),
-                        format!("expected 0 ≤ eta_min ≤ optimizer.lr ({}), got {eta_min}", o.lr),
+                        format!(
+                            "expected 0 ≤ eta_min ≤ optimizer.lr ({}), got {eta_min}",
+                            o.lr
+                        ),
                     );
                 }
             }
             if let Some(c) = s.clip_norm
                 && !(c.is_finite() && c > 0.0)
             {
-                return bad(k("clip_norm"), format!("expected a positive number or null, got {c}"));
+                return bad(
+                    k("clip_norm"),
+                    format!("expected a positive number or null, got {c}"),
+                );
             }
         }
         let p = &self.profile;
         if p.enabled && (p.active == 0 || p.repeat == 0) {
             return bad(
                 "profile.active".into(),
-                format!("expected active ≥ 1 and repeat ≥ 1, got active {} repeat {}", p.active, p.repeat),
+                format!(
+                    "expected active ≥ 1 and repeat ≥ 1, got active {} repeat {}",
+                    p.active, p.repeat
+                ),
             );
         }
         if self.precision == Precision::Bf16 && self.device == DeviceKind::Cpu {
@@ -940,18 +985,34 @@ stages:
     #[test]
     fn bad_values_name_the_key_path_and_range() {
         let cases = [
-            (MINIMAL.replace("epochs: 2", "epochs: 0"), "stages[0].epochs"),
             (
-                MINIMAL.replace("epochs: 2", "epochs: 2\n    schedule: {kind: cosine_warm_restarts, t_0: 10, t_mult: 0}"),
+                MINIMAL.replace("epochs: 2", "epochs: 0"),
+                "stages[0].epochs",
+            ),
+            (
+                MINIMAL.replace(
+                    "epochs: 2",
+                    "epochs: 2\n    schedule: {kind: cosine_warm_restarts, t_0: 10, t_mult: 0}",
+                ),
                 "stages[0].schedule.t_mult",
             ),
-            (MINIMAL.replace("targets: [y]", "targets: []"), "data.targets"),
-            (MINIMAL.replace("epochs: 2", "epochs: 2\n    clip_norm: -1"), "stages[0].clip_norm"),
             (
-                MINIMAL.replace("features: [a, b]", "features: [a, b]\n") + "model:\n  hidden: [48, 0]\n",
+                MINIMAL.replace("targets: [y]", "targets: []"),
+                "data.targets",
+            ),
+            (
+                MINIMAL.replace("epochs: 2", "epochs: 2\n    clip_norm: -1"),
+                "stages[0].clip_norm",
+            ),
+            (
+                MINIMAL.replace("features: [a, b]", "features: [a, b]\n")
+                    + "model:\n  hidden: [48, 0]\n",
                 "model.hidden[1]",
             ),
-            (MINIMAL.replace("test: {from: 2017}", "test: {from: 2016}"), "data.split.test"),
+            (
+                MINIMAL.replace("test: {from: 2017}", "test: {from: 2016}"),
+                "data.split.test",
+            ),
         ];
         for (text, key) in cases {
             let e = p(&text).unwrap_err();
@@ -959,7 +1020,10 @@ stages:
                 ConfigError::Invalid { key: k, .. } => assert_eq!(k, key, "{e}"),
                 other => panic!("expected invalid {key}, got {other}"),
             }
-            assert!(e.to_string().contains("expected") || e.to_string().contains("overlap"), "{e}");
+            assert!(
+                e.to_string().contains("expected") || e.to_string().contains("overlap"),
+                "{e}"
+            );
         }
     }
 
@@ -967,8 +1031,21 @@ stages:
     fn negative_width_is_a_located_parse_error() {
         let text = MINIMAL.to_string() + "model:\n  hidden: [48, -3]\n";
         let e = p(&text).unwrap_err();
-        assert!(matches!(e, ConfigError::Parse { line: 16, column: 16, .. }), "{e}");
-        assert_eq!(e.to_string(), "test.yaml:16:16: at `model.hidden[1]`: invalid u64");
+        assert!(
+            matches!(
+                e,
+                ConfigError::Parse {
+                    line: 16,
+                    column: 16,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "test.yaml:16:16: at `model.hidden[1]`: invalid u64"
+        );
     }
 
     #[test]

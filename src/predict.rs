@@ -93,12 +93,18 @@ impl Predictor {
     }
 
     /// Like [`Predictor::predict`], reusing `out`'s buffers.
-    pub fn predict_into(&mut self, x_raw: &[f32], rows: usize, out: &mut Prediction) -> Result<(), InferError> {
+    pub fn predict_into(
+        &mut self,
+        x_raw: &[f32],
+        rows: usize,
+        out: &mut Prediction,
+    ) -> Result<(), InferError> {
         crate::infer::check_shape(x_raw, rows, self.n_features())?;
         self.scratch_x.clear();
         self.scratch_x.extend_from_slice(x_raw);
         self.x_norm.apply(&mut self.scratch_x);
-        self.engine.forward(&self.scratch_x, rows, &mut self.scratch_out)?;
+        self.engine
+            .forward(&self.scratch_x, rows, &mut self.scratch_out)?;
         let k = self.targets.len();
         out.mean.clear();
         out.std.clear();
@@ -119,7 +125,12 @@ impl Predictor {
 
 /// Predict every row of a CSV file. Non-feature columns are passed through in front; then
 /// `<target>_mean` and `<target>_std` per target. Returns the CSV text and the row count.
-pub fn predict_csv(predictor: &mut Predictor, input: &Path, features: &[String], targets: &[String]) -> Result<(String, usize), PredictError> {
+pub fn predict_csv(
+    predictor: &mut Predictor,
+    input: &Path,
+    features: &[String],
+    targets: &[String],
+) -> Result<(String, usize), PredictError> {
     let table = CsvTable::read(input)?;
     let x = table.numeric_matrix(features)?;
     let passthrough: Vec<usize> = (0..table.header.len())
@@ -128,7 +139,10 @@ pub fn predict_csv(predictor: &mut Predictor, input: &Path, features: &[String],
     let rows = table.rows.len();
     let k = targets.len();
     let mut text = String::new();
-    let mut header: Vec<String> = passthrough.iter().map(|&i| table.header[i].clone()).collect();
+    let mut header: Vec<String> = passthrough
+        .iter()
+        .map(|&i| table.header[i].clone())
+        .collect();
     for t in targets {
         header.push(format!("{t}_mean"));
         header.push(format!("{t}_std"));

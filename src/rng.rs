@@ -80,14 +80,18 @@ mod tests {
 
     #[test]
     fn streams_are_reproducible_and_distinct() {
-        let a: Vec<u64> = (0..4).map({
-            let mut r = SplitMix64::derive(7, &[1, 2]);
-            move |_| r.next_u64()
-        }).collect();
-        let b: Vec<u64> = (0..4).map({
-            let mut r = SplitMix64::derive(7, &[1, 2]);
-            move |_| r.next_u64()
-        }).collect();
+        let a: Vec<u64> = (0..4)
+            .map({
+                let mut r = SplitMix64::derive(7, &[1, 2]);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let b: Vec<u64> = (0..4)
+            .map({
+                let mut r = SplitMix64::derive(7, &[1, 2]);
+                move |_| r.next_u64()
+            })
+            .collect();
         let c = SplitMix64::derive(7, &[1, 3]).next_u64();
         assert_eq!(a, b);
         assert_ne!(a[0], c);

@@ -52,9 +52,7 @@ impl RunDir {
         let runs = root.join("runs");
         std::fs::create_dir_all(&runs)?;
         let now = util::unix_now();
-        let mut rng = SplitMix64::new(
-            (now * 1e9) as u64 ^ (u64::from(std::process::id()) << 32),
-        );
+        let mut rng = SplitMix64::new((now * 1e9) as u64 ^ (u64::from(std::process::id()) << 32));
         for _ in 0..1000 {
             let id = format!(
                 "{name}-{}-{:04x}",
@@ -79,7 +77,10 @@ impl RunDir {
         if !path.join("config.yaml").is_file() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
-                format!("{} is not a kiln run directory (no config.yaml)", path.display()),
+                format!(
+                    "{} is not a kiln run directory (no config.yaml)",
+                    path.display()
+                ),
             ));
         }
         let id = path

@@ -24,7 +24,11 @@ pub fn run(checkpoint: &Path, input: &Path, output: Option<&Path>) -> CliResult 
     })?;
     write_output(&text, output)?;
     if let Some(out) = output {
-        eprintln!("{}: {rows} rows predicted by {}", out.display(), predictor.engine_name());
+        eprintln!(
+            "{}: {rows} rows predicted by {}",
+            out.display(),
+            predictor.engine_name()
+        );
     }
     Ok(())
 }

@@ -25,17 +25,24 @@ pub fn dispatch(job: &TrainJob<'_>) -> Result<TrainOutcome, CliError> {
     let c = &job.config.config;
     let result: Result<TrainOutcome, TrainError> = match (c.device, c.backend, c.precision) {
         (DeviceKind::Cpu, CpuBackend::Flex, Precision::F32) => {
-            train::<crate::backend::TrainCpu>(job, &Default::default())
+            train::<crate::backend::TrainCpu>(job, &Default::default()).map(|t| t.outcome)
         }
         (DeviceKind::Cpu, CpuBackend::Ndarray, Precision::F32) => {
-            train::<crate::backend::TrainNdArray>(job, &Default::default())
+            train::<crate::backend::TrainNdArray>(job, &Default::default()).map(|t| t.outcome)
         }
         #[cfg(feature = "cuda")]
         (DeviceKind::Cuda, _, precision) => {
-            let device = crate::backend::cuda_probe().map_err(|e| CliError::from(anyhow::anyhow!(e)))?;
+            let device =
+                crate::backend::cuda_probe().map_err(|e| CliError::from(anyhow::anyhow!(e)))?;
             match precision {
-                Precision::F32 => train::<burn::backend::Autodiff<crate::backend::CudaF32>>(job, &device),
-                Precision::Bf16 => train::<burn::backend::Autodiff<crate::backend::CudaBf16>>(job, &device),
+                Precision::F32 => {
+                    train::<burn::backend::Autodiff<crate::backend::CudaF32>>(job, &device)
+                        .map(|t| t.outcome)
+                }
+                Precision::Bf16 => {
+                    train::<burn::backend::Autodiff<crate::backend::CudaBf16>>(job, &device)
+                        .map(|t| t.outcome)
+                }
             }
         }
         (device, backend, precision) => {
@@ -93,7 +100,7 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
     match dispatch(&job) {
         Ok(outcome) => {
             mark(&run, "finished", None, &started_at)?;
-            print_summary(&outcome);
+            print_summary(&outcome, args.progress == ProgressMode::Quiet);
             Ok(())
         }
         Err(e) => {
@@ -104,7 +111,13 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
     }
 }
 
-fn print_summary(o: &TrainOutcome) {
+fn print_summary(o: &TrainOutcome, quiet: bool) {
+    if let Some(d) = &o.export_dir {
+        println!("{}", d.display());
+    }
+    if quiet {
+        return;
+    }
     for s in &o.stages {
         eprintln!(
             "stage {:<10} {:>3} epochs {:>7} steps  {:>9.0} samples/s  data wait {:>5.1}%  best val {:.5} (epoch {})",
@@ -129,7 +142,4 @@ fn print_summary(o: &TrainOutcome) {
         o.wall.as_secs_f64(),
         o.parameter_count
     );
-    if let Some(d) = &o.export_dir {
-        println!("{}", d.display());
-    }
 }

@@ -56,7 +56,14 @@ impl Season {
     fn rates(&self) -> [f64; 8] {
         let pa = self.pa();
         [
-            self.h, self.double, self.triple, self.hr, self.bb, self.so, self.hbp, self.sb,
+            self.h,
+            self.double,
+            self.triple,
+            self.hr,
+            self.bb,
+            self.so,
+            self.hbp,
+            self.sb,
         ]
         .map(|v| v / pa)
     }
@@ -240,20 +247,35 @@ mod tests {
         assert_eq!(header.len(), 3 + 20 + 3);
         assert_eq!(&row[..5], &["ab01", "2002", "285", "21", "3"]);
         // Season 2002: HR 10 / PA 285 (two stints summed).
-        assert_eq!(row[header.iter().position(|h| *h == "hr_rate").unwrap()], "0.035088");
-        assert_eq!(row[header.iter().position(|h| *h == "pa_l1").unwrap()], "325");
+        assert_eq!(
+            row[header.iter().position(|h| *h == "hr_rate").unwrap()],
+            "0.035088"
+        );
+        assert_eq!(
+            row[header.iter().position(|h| *h == "pa_l1").unwrap()],
+            "325"
+        );
     }
 
     #[test]
     fn bad_cell_is_located() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), "People.csv", "playerID,birthYear,birthMonth\nab01,1980,8\n");
+        write(
+            dir.path(),
+            "People.csv",
+            "playerID,birthYear,birthMonth\nab01,1980,8\n",
+        );
         write(
             dir.path(),
             "Batting.csv",
             "playerID,yearID,stint,AB,H,2B,3B,HR,BB,SO,HBP,SH,SF,SB\nab01,2000,1,x,1,1,1,1,1,1,1,1,1,1\n",
         );
-        let e = derive(dir.path(), BaseballSpec::default()).unwrap_err().to_string();
-        assert!(e.ends_with("Batting.csv:2: column `AB`: expected a number, got \"x\""), "{e}");
+        let e = derive(dir.path(), BaseballSpec::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("Batting.csv:2: column `AB`: expected a number, got \"x\""),
+            "{e}"
+        );
     }
 }

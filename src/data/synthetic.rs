@@ -36,7 +36,9 @@ pub fn target_names(n: usize) -> Vec<String> {
 pub fn generate(spec: SyntheticSpec) -> (Vec<i64>, Vec<f32>, Vec<f32>) {
     let (nf, nt) = (spec.features, spec.targets);
     let mut wr = SplitMix64::derive(spec.seed, &[1]);
-    let w: Vec<f64> = (0..nf * nt).map(|_| wr.normal() / (nf as f64).sqrt()).collect();
+    let w: Vec<f64> = (0..nf * nt)
+        .map(|_| wr.normal() / (nf as f64).sqrt())
+        .collect();
     let mut r = SplitMix64::derive(spec.seed, &[2]);
     let mut season = Vec::with_capacity(spec.rows);
     let mut x = Vec::with_capacity(spec.rows * nf);
@@ -49,7 +51,11 @@ pub fn generate(spec: SyntheticSpec) -> (Vec<i64>, Vec<f32>, Vec<f32>) {
         }
         for k in 0..nt {
             let lin: f64 = (0..nf).map(|j| w[k * nf + j] * row[j].tanh() * 2.0).sum();
-            let inter = if nf >= 2 { 0.3 * row[k % nf] * row[(k + 1) % nf] } else { 0.0 };
+            let inter = if nf >= 2 {
+                0.3 * row[k % nf] * row[(k + 1) % nf]
+            } else {
+                0.0
+            };
             let sd = 0.3 * (0.4 * row[k % nf]).exp();
             y.push((lin + inter + sd * r.normal()) as f32);
         }
@@ -88,7 +94,12 @@ mod tests {
 
     #[test]
     fn reproducible_and_shaped() {
-        let spec = SyntheticSpec { rows: 50, features: 4, targets: 2, seed: 3 };
+        let spec = SyntheticSpec {
+            rows: 50,
+            features: 4,
+            targets: 2,
+            seed: 3,
+        };
         let a = generate_csv(spec);
         assert_eq!(a, generate_csv(spec));
         assert_eq!(a.lines().count(), 51);

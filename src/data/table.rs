@@ -237,14 +237,23 @@ mod tests {
         assert!(e.contains("missing column `c`") && e.contains("a,b"), "{e}");
         let tab = t("a,b\n1,NaN\n").unwrap();
         let e = tab.numeric_column("b").unwrap_err().to_string();
-        assert!(e.contains("rows.csv:2: column `b`: expected a finite number"), "{e}");
+        assert!(
+            e.contains("rows.csv:2: column `b`: expected a finite number"),
+            "{e}"
+        );
         let tab = t("a,b\n1,\n").unwrap();
-        assert!(matches!(tab.numeric_column("b").unwrap_err(), DataError::NotNumeric { line: 2, .. }));
+        assert!(matches!(
+            tab.numeric_column("b").unwrap_err(),
+            DataError::NotNumeric { line: 2, .. }
+        ));
     }
 
     #[test]
     fn ragged_rows_are_located() {
         let e = t("a,b\n1,2\n3\n").unwrap_err().to_string();
-        assert!(e.starts_with("rows.csv:3: malformed CSV: expected 2 fields, found 1"), "{e}");
+        assert!(
+            e.starts_with("rows.csv:3: malformed CSV: expected 2 fields, found 1"),
+            "{e}"
+        );
     }
 }

@@ -113,8 +113,18 @@ impl<B: Backend> Engine for BurnEngine<B> {
             &self.device,
         );
         let o = self.model.forward(t);
-        out.mean = o.mean.into_data().convert::<f32>().to_vec().expect("f32 output");
-        out.log_var = o.log_var.into_data().convert::<f32>().to_vec().expect("f32 output");
+        out.mean = o
+            .mean
+            .into_data()
+            .convert::<f32>()
+            .to_vec()
+            .expect("f32 output");
+        out.log_var = o
+            .log_var
+            .into_data()
+            .convert::<f32>()
+            .to_vec()
+            .expect("f32 output");
         Ok(())
     }
 }

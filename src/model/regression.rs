@@ -145,7 +145,14 @@ impl<B: Backend> RegressionNet<B> {
         let _span = tracing::trace_span!("RegressionNet").entered();
         let mut h = x;
         for (i, layer) in self.backbone.iter().enumerate() {
-            let _s = tracing::trace_span!("module", path = LAYER_PATHS.get(i).copied().unwrap_or("RegressionNet/backbone/n")).entered();
+            let _s = tracing::trace_span!(
+                "module",
+                path = LAYER_PATHS
+                    .get(i)
+                    .copied()
+                    .unwrap_or("RegressionNet/backbone/n")
+            )
+            .entered();
             h = apply_activation(layer.forward(h), self.activation);
         }
         let mean = {
@@ -188,7 +195,10 @@ const LAYER_PATHS: [&str; 8] = [
 ];
 
 /// Apply a hidden activation.
-pub fn apply_activation<B: Backend, const D: usize>(x: Tensor<B, D>, a: Activation) -> Tensor<B, D> {
+pub fn apply_activation<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    a: Activation,
+) -> Tensor<B, D> {
     match a {
         Activation::Relu => activation::relu(x),
         Activation::Gelu => activation::gelu(x),

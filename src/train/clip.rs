@@ -113,8 +113,16 @@ mod tests {
 
     fn get(m: &Two<B>, g: &GradientsParams) -> (Vec<f32>, Vec<f32>) {
         (
-            g.get::<Flex, 1>(m.a.id).unwrap().into_data().to_vec().unwrap(),
-            g.get::<Flex, 2>(m.b.id).unwrap().into_data().to_vec().unwrap(),
+            g.get::<Flex, 1>(m.a.id)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap(),
+            g.get::<Flex, 2>(m.b.id)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap(),
         )
     }
 

@@ -127,7 +127,15 @@ impl EvalReport {
     pub fn table(&self) -> String {
         let mut s = format!(
             "{} split ({} rows), original units\n{:<12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>8}\n",
-            self.split, self.rows, "target", "mse model", "persistence", "train mean", "nll model", "nll const", "beats"
+            self.split,
+            self.rows,
+            "target",
+            "mse model",
+            "persistence",
+            "train mean",
+            "nll model",
+            "nll const",
+            "beats"
         );
         for t in &self.targets {
             s.push_str(&format!(
@@ -148,7 +156,11 @@ impl EvalReport {
 }
 
 /// Per-target mean squared residual of the model's mean on a split, original units.
-pub fn residual_variance(pred: &SplitPredictions, y_raw: &[f32], targets: &[ColumnStats]) -> Vec<f64> {
+pub fn residual_variance(
+    pred: &SplitPredictions,
+    y_raw: &[f32],
+    targets: &[ColumnStats],
+) -> Vec<f64> {
     let k = targets.len();
     let mut acc = vec![0.0; k];
     let rows = y_raw.len() / k;
@@ -210,7 +222,11 @@ pub fn evaluate(
 }
 
 /// Pearson correlation of the standardised residuals `(y − μ)/σ` between targets.
-pub fn residual_correlation(pred: &SplitPredictions, y_raw: &[f32], targets: &[ColumnStats]) -> Vec<Vec<f64>> {
+pub fn residual_correlation(
+    pred: &SplitPredictions,
+    y_raw: &[f32],
+    targets: &[ColumnStats],
+) -> Vec<Vec<f64>> {
     let k = targets.len();
     let rows = y_raw.len() / k;
     let mut z = vec![0.0f64; rows * k];
@@ -256,21 +272,43 @@ mod tests {
     #[test]
     fn perfectly_correlated_residuals_give_unit_correlation() {
         let targets = vec![
-            ColumnStats { name: "a".into(), mean: 0.0, std: 1.0 },
-            ColumnStats { name: "b".into(), mean: 0.0, std: 2.0 },
+            ColumnStats {
+                name: "a".into(),
+                mean: 0.0,
+                std: 1.0,
+            },
+            ColumnStats {
+                name: "b".into(),
+                mean: 0.0,
+                std: 2.0,
+            },
         ];
         let y = vec![1.0, 2.0, -1.0, -2.0, 0.5, 1.0];
-        let pred = SplitPredictions { mean: vec![0.0; 6], log_var: vec![0.0; 6] };
+        let pred = SplitPredictions {
+            mean: vec![0.0; 6],
+            log_var: vec![0.0; 6],
+        };
         let c = residual_correlation(&pred, &y, &targets);
         assert!((c[0][1] - 1.0).abs() < 1e-12 && c[1][0] == c[0][1]);
     }
 
     #[test]
     fn evaluation_against_hand_values() {
-        let targets = vec![ColumnStats { name: "hr_rate".into(), mean: 1.0, std: 2.0 }];
-        let split = Subset { x: vec![2.0, 0.0], y: vec![3.0, 1.0], season: vec![2017, 2018] };
+        let targets = vec![ColumnStats {
+            name: "hr_rate".into(),
+            mean: 1.0,
+            std: 2.0,
+        }];
+        let split = Subset {
+            x: vec![2.0, 0.0],
+            y: vec![3.0, 1.0],
+            season: vec![2017, 2018],
+        };
         // Normalised mean 0.5 → original 2.0; residuals 1 and −1.
-        let pred = SplitPredictions { mean: vec![0.5, 0.5], log_var: vec![0.0, 0.0] };
+        let pred = SplitPredictions {
+            mean: vec![0.5, 0.5],
+            log_var: vec![0.0, 0.0],
+        };
         let r = evaluate("test", &pred, &split, 1, &targets, &[Some(0)], &[1.0]);
         let t = &r.targets[0];
         assert_eq!(t.mse_model, 1.0);

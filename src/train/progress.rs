@@ -57,11 +57,9 @@ impl Reporter {
         if self.bars {
             let bar = ProgressBar::new(batches as u64);
             bar.set_style(
-                ProgressStyle::with_template(
-                    "{prefix:>18} [{bar:28}] {pos:>5}/{len:5} {msg}",
-                )
-                .expect("static template")
-                .progress_chars("=> "),
+                ProgressStyle::with_template("{prefix:>18} [{bar:28}] {pos:>5}/{len:5} {msg}")
+                    .expect("static template")
+                    .progress_chars("=> "),
             );
             bar.set_prefix(format!("{stage} {}/{epochs}", epoch + 1));
             self.bar = Some(bar);
@@ -83,7 +81,7 @@ impl Reporter {
     ) {
         if let Some(bar) = &self.bar {
             bar.set_position(step_in_epoch as u64 + 1);
-            if step_in_epoch % 16 == 0 {
+            if step_in_epoch.is_multiple_of(16) {
                 bar.set_message(format!(
                     "loss {loss:.4} lr {lr:.2e} {samples_per_s:>8.0} samples/s wait {:>4.1}%",
                     wait_frac * 100.0

@@ -99,7 +99,9 @@ pub enum StateError {
         message: String,
     },
     /// No snapshot to resume from.
-    #[error("{dir}: no saved training state to resume from (the run was killed before its first epoch ended; start a new run)")]
+    #[error(
+        "{dir}: no saved training state to resume from (the run was killed before its first epoch ended; start a new run)"
+    )]
     Missing {
         /// The state directory.
         dir: PathBuf,
@@ -207,7 +209,11 @@ pub fn latest(state_dir: &Path) -> Result<(PathBuf, Progress), StateError> {
 }
 
 /// Load a module's record from a snapshot file into `module`.
-pub fn load_module<B: Backend, M: Module<B>>(module: M, path: &Path, device: &B::Device) -> Result<M, StateError> {
+pub fn load_module<B: Backend, M: Module<B>>(
+    module: M,
+    path: &Path,
+    device: &B::Device,
+) -> Result<M, StateError> {
     let record = decode::<B, M::Record>(path, device)?;
     Ok(module.load_record(record))
 }

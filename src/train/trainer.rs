@@ -57,7 +57,9 @@ pub enum TrainError {
         source: std::io::Error,
     },
     /// The loss became NaN or infinite.
-    #[error("training diverged in stage {stage} ({name}) epoch {epoch} step {step}: loss is {value} (lower the learning rate or set clip_norm)")]
+    #[error(
+        "training diverged in stage {stage} ({name}) epoch {epoch} step {step}: loss is {value} (lower the learning rate or set clip_norm)"
+    )]
     Diverged {
         /// Stage index.
         stage: usize,
@@ -152,7 +154,10 @@ impl<B: Backend> ModuleVisitor<B> for Ids {
 }
 
 /// Freeze every part not in `parts` and unfreeze those in it.
-pub fn set_trainable<B: AutodiffBackend>(mut m: RegressionNet<B>, parts: &[Part]) -> RegressionNet<B> {
+pub fn set_trainable<B: AutodiffBackend>(
+    mut m: RegressionNet<B>,
+    parts: &[Part],
+) -> RegressionNet<B> {
     let on = |p: Part| parts.contains(&p);
     m.backbone = m.backbone.map(&mut RequireGrad(on(Part::Backbone)));
     m.mean_head = m.mean_head.map(&mut RequireGrad(on(Part::MeanHead)));
@@ -250,13 +255,29 @@ impl Prepared {
         self.data
             .targets
             .iter()
-            .map(|t| self.data.features.iter().position(|f| *f == format!("{t}_l1")))
+            .map(|t| {
+                self.data
+                    .features
+                    .iter()
+                    .position(|f| *f == format!("{t}_l1"))
+            })
             .collect()
     }
 }
 
+/// A finished run and its final (best) model without autodiff.
+pub struct Trained<B: AutodiffBackend> {
+    /// What happened.
+    pub outcome: TrainOutcome,
+    /// The exported model (absent when the run was stopped early).
+    pub model: Option<RegressionNet<B::InnerBackend>>,
+}
+
 /// Train according to `job` on backend `B`.
-pub fn train<B: AutodiffBackend>(job: &TrainJob<'_>, device: &B::Device) -> Result<TrainOutcome, TrainError> {
+pub fn train<B: AutodiffBackend>(
+    job: &TrainJob<'_>,
+    device: &B::Device,
+) -> Result<Trained<B>, TrainError> {
     let started = Instant::now();
     let cfg = &job.config.config;
     let run = &job.run;
@@ -288,8 +309,13 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob<'_>, device: &B::Device) -> Resu
         seed: cfg.seed,
     };
     let source = Arc::new(
-        BatchSource::new(data.train.x.clone(), data.train.y.clone(), x_aff.clone(), y_aff.clone())
-            .with_transform_passes(cfg.data.transform_passes),
+        BatchSource::new(
+            data.train.x.clone(),
+            data.train.y.clone(),
+            x_aff.clone(),
+            y_aff.clone(),
+        )
+        .with_transform_passes(cfg.data.transform_passes),
     );
     let mut loader = Loader::new(source, spec);
 
@@ -315,7 +341,9 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob<'_>, device: &B::Device) -> Resu
             reason,
         };
         if saved.config_sha256 != config_sha {
-            return Err(refuse("the config differs from the one the run started with".into()));
+            return Err(refuse(
+                "the config differs from the one the run started with".into(),
+            ));
         }
         if saved.dataset_sha256 != data.sha256 {
             return Err(refuse(format!(
@@ -327,7 +355,11 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob<'_>, device: &B::Device) -> Resu
         }
         model = state::load_module(model, &dir.join("model.bin"), device)?;
         if dir.join("best.bin").exists() {
-            best = Some(state::load_module(model.clone(), &dir.join("best.bin"), device)?);
+            best = Some(state::load_module(
+                model.clone(),
+                &dir.join("best.bin"),
+                device,
+            )?);
         }
         if dir.join("optim.bin").exists() {
             pending_optim = Some(dir.join("optim.bin"));
@@ -346,7 +378,8 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob<'_>, device: &B::Device) -> Resu
             .append(true)
             .open(&steps_path)
             .map_err(io_err(&steps_path))?;
-        f.set_len(progress.steps_csv_len).map_err(io_err(&steps_path))?;
+        f.set_len(progress.steps_csv_len)
+            .map_err(io_err(&steps_path))?;
     }
     let mut steps_out = std::io::BufWriter::new(
         std::fs::OpenOptions::new()
@@ -355,8 +388,11 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob<'_>, device: &B::Device) -> Resu
             .map_err(io_err(&steps_path))?,
     );
     if progress.steps_csv_len == 0 {
-        writeln!(steps_out, "stage,epoch,step,lr,loss,grad_norm,data_wait_us,compute_us")
-            .map_err(io_err(&steps_path))?;
+        writeln!(
+            steps_out,
+            "stage,epoch,step,lr,loss,grad_norm,data_wait_us,compute_us"
+        )
+        .map_err(io_err(&steps_path))?;
     }
     let epochs_path = run.epochs_file();
     let mut epochs_done_here = 0usize;
@@ -377,14 +413,17 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob<'_>, device: &B::Device) -> Resu
         while progress.epoch < stage.epochs {
             if job.stop_after_epochs.is_some_and(|n| epochs_done_here >= n) {
                 steps_out.flush().map_err(io_err(&steps_path))?;
-                return Ok(TrainOutcome {
-                    run: run.clone(),
-                    export_dir: None,
-                    report: None,
-                    stages: Vec::new(),
-                    parameter_count: arch.num_params(),
-                    manifest: None,
-                    wall: started.elapsed(),
+                return Ok(Trained {
+                    outcome: TrainOutcome {
+                        run: run.clone(),
+                        export_dir: None,
+                        report: None,
+                        stages: Vec::new(),
+                        parameter_count: arch.num_params(),
+                        manifest: None,
+                        wall: started.elapsed(),
+                    },
+                    model: None,
                 });
             }
             let epoch = progress.epoch;
@@ -564,7 +603,10 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob<'_>, device: &B::Device) -> Resu
     let weights = HostWeights::from_model(&inner);
     let mut split = std::collections::BTreeMap::new();
     split.insert("train".to_string(), cfg.data.split.train.to_string());
-    split.insert("validation".to_string(), cfg.data.split.validation.to_string());
+    split.insert(
+        "validation".to_string(),
+        cfg.data.split.validation.to_string(),
+    );
     split.insert("test".to_string(), cfg.data.split.test.to_string());
     let manifest = Manifest {
         format: artifact::FORMAT.into(),
@@ -604,14 +646,17 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob<'_>, device: &B::Device) -> Resu
         std::fs::remove_dir_all(&export_dir).map_err(io_err(&export_dir))?;
     }
     let manifest = artifact::export(&export_dir, manifest, &weights)?;
-    Ok(TrainOutcome {
-        run: run.clone(),
-        export_dir: Some(export_dir),
-        report: Some(report),
-        stages,
-        parameter_count: arch.num_params(),
-        manifest: Some(manifest),
-        wall: started.elapsed(),
+    Ok(Trained {
+        outcome: TrainOutcome {
+            run: run.clone(),
+            export_dir: Some(export_dir),
+            report: Some(report),
+            stages,
+            parameter_count: arch.num_params(),
+            manifest: Some(manifest),
+            wall: started.elapsed(),
+        },
+        model: Some(inner),
     })
 }
 
@@ -639,7 +684,10 @@ pub fn summarise(cfg: &ExperimentConfig, history: &[EpochRecord]) -> Vec<StageSu
             let steps: u64 = h.iter().map(|r| r.steps).sum();
             let time: f64 = h.iter().map(|r| r.data_wait_s + r.compute_s).sum();
             let wait: f64 = h.iter().map(|r| r.data_wait_s).sum();
-            let samples: f64 = h.iter().map(|r| r.samples_per_s * (r.data_wait_s + r.compute_s)).sum();
+            let samples: f64 = h
+                .iter()
+                .map(|r| r.samples_per_s * (r.data_wait_s + r.compute_s))
+                .sum();
             let best = h
                 .iter()
                 .min_by(|a, b| a.val_loss.total_cmp(&b.val_loss))
@@ -659,7 +707,12 @@ pub fn summarise(cfg: &ExperimentConfig, history: &[EpochRecord]) -> Vec<StageSu
 }
 
 /// Mark a run's status file.
-pub fn mark(run: &RunDir, status: &str, reason: Option<String>, started_at: &str) -> Result<(), ArtifactError> {
+pub fn mark(
+    run: &RunDir,
+    status: &str,
+    reason: Option<String>,
+    started_at: &str,
+) -> Result<(), ArtifactError> {
     run.write_status(&RunStatus {
         id: run.id.clone(),
         status: status.into(),
@@ -668,4 +721,90 @@ pub fn mark(run: &RunDir, status: &str, reason: Option<String>, started_at: &str
         ended_at: (status != "running").then(|| util::rfc3339(util::unix_now())),
         reason,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{OptimizerConfig, ScheduleConfig};
+    use burn::backend::{Autodiff, Flex};
+    use burn::nn::Linear;
+
+    type B = Autodiff<Flex>;
+
+    fn stage(lr: f64, wd: f64) -> StageConfig {
+        StageConfig {
+            name: "s".into(),
+            trainable: vec![Part::Backbone, Part::MeanHead],
+            loss: Loss::Mse,
+            epochs: 1,
+            optimizer: OptimizerConfig {
+                lr,
+                weight_decay: wd,
+                ..OptimizerConfig::default()
+            },
+            schedule: ScheduleConfig::Constant,
+            clip_norm: None,
+        }
+    }
+
+    /// Two AdamW steps on loss = Σ c ⊙ w (constant gradient c) against the closed form:
+    /// m_t = (1−β1^t)c, v_t = (1−β2^t)c², m̂ = c, v̂ = c², so each step is
+    /// w ← w(1 − lr·wd) − lr·c/(|c| + eps).
+    #[test]
+    fn adamw_steps_match_the_closed_form() {
+        let d = Default::default();
+        let (lr, wd, eps) = (0.1f64, 0.01f64, 1e-8f64);
+        let w0 = [0.5f32, -1.5, 2.0];
+        let c = [0.3f32, -2.0, 1e-3];
+        let mut lin: Linear<B> =
+            crate::model::regression::linear_from(w0.to_vec(), vec![0.0], 3, 1, &d);
+        let st = stage(lr, wd);
+        let mut optim = adamw(&st).init::<B, Linear<B>>();
+        let mut expect: Vec<f64> = w0.iter().map(|&v| v as f64).collect();
+        for _ in 0..2 {
+            let ct = Tensor::<B, 2>::from_data(TensorData::new(c.to_vec(), [3, 1]), &d);
+            let loss = (lin.weight.val() * ct).sum();
+            let grads = GradientsParams::from_params(&mut loss.backward(), &lin, &[lin.weight.id]);
+            lin = optim.step(lr, lin, grads);
+            for (e, &g) in expect.iter_mut().zip(&c) {
+                let g = g as f64;
+                *e = *e * (1.0 - lr * wd) - lr * g / (g.abs() + eps);
+            }
+        }
+        let got: Vec<f32> = lin.weight.val().into_data().to_vec().unwrap();
+        for (g, e) in got.iter().zip(&expect) {
+            assert!((*g as f64 - e).abs() < 1e-6, "{got:?} vs {expect:?}");
+        }
+        // The bias had no gradient (not in the id list): untouched, no weight decay.
+        let b: Vec<f32> = lin
+            .bias
+            .as_ref()
+            .unwrap()
+            .val()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        assert_eq!(b, vec![0.0]);
+    }
+
+    #[test]
+    fn freezing_removes_gradients_from_frozen_parts() {
+        let d = Default::default();
+        let arch = RegressionNetConfig::reference();
+        let m = set_trainable(arch.init::<B>(1, &d), &[Part::LogvarHead]);
+        let out = m.forward(Tensor::ones([4, 20], &d));
+        let y = Tensor::zeros([4, 3], &d);
+        let loss = stage_loss(Loss::GaussianNll, false, out, y);
+        let mut g = loss.backward();
+        let all = part_param_ids(&m, &[Part::Backbone, Part::MeanHead, Part::LogvarHead]);
+        let grads = GradientsParams::from_params(&mut g, &m, &all);
+        assert_eq!(
+            grads.len(),
+            2,
+            "only the log-variance head's weight and bias get gradients"
+        );
+        assert_eq!(part_param_ids(&m, &[Part::LogvarHead]).len(), 2);
+        assert_eq!(part_param_ids(&m, &[Part::Backbone]).len(), 4);
+    }
 }
