@@ -128,3 +128,34 @@ impl<B: Backend> Engine for BurnEngine<B> {
         Ok(())
     }
 }
+
+/// Engine names this build knows.
+pub fn engine_names() -> Vec<&'static str> {
+    vec!["burn", "burn-ndarray"]
+}
+
+/// Build an engine by name for `weights`, using at most `threads` threads per call
+/// (0 = the engine's default).
+pub fn build_engine(
+    name: &str,
+    weights: &HostWeights,
+    threads: usize,
+) -> Result<Box<dyn Engine>, InferError> {
+    let _ = threads;
+    match name {
+        "burn" => Ok(Box::new(BurnEngine::<crate::backend::Cpu>::new(
+            weights,
+            Default::default(),
+            "burn",
+        ))),
+        "burn-ndarray" => Ok(Box::new(BurnEngine::<crate::backend::CpuNdArray>::new(
+            weights,
+            Default::default(),
+            "burn-ndarray",
+        ))),
+        other => Err(InferError::Unknown(
+            other.to_string(),
+            engine_names().join(", "),
+        )),
+    }
+}
