@@ -651,6 +651,77 @@ pub fn parse(text: &str, path: &Path) -> Result<ExperimentConfig, ConfigError> {
     Ok(config)
 }
 
+/// Apply `key.path=value` overrides (values are YAML scalars or flow collections, e.g.
+/// `loader.num_workers=2`, `model.hidden=[32,32]`, `stages[0].epochs=5`) and validate.
+/// Returns the effective config and its YAML text (what the run directory stores).
+pub fn apply_overrides(
+    config: &ExperimentConfig,
+    overrides: &[String],
+    path: &Path,
+) -> Result<(ExperimentConfig, String), ConfigError> {
+    let bad = |key: &str, message: String| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        message,
+    };
+    let mut value = serde_json::to_value(config).expect("config serialises");
+    for o in overrides {
+        let Some((key, raw)) = o.split_once('=') else {
+            return Err(bad(o, "expected --set key.path=value".into()));
+        };
+        let key = key.trim();
+        let new: serde_json::Value = serde_saphyr::from_str(raw.trim()).map_err(|e| {
+            bad(
+                key,
+                format!("value {raw:?} is not valid YAML: {}", e.without_snippet()),
+            )
+        })?;
+        let mut slot = &mut value;
+        for part in key.split('.') {
+            let (name, index) = match part.split_once('[') {
+                Some((n, rest)) => {
+                    let i: usize = rest
+                        .trim_end_matches(']')
+                        .parse()
+                        .map_err(|_| bad(key, format!("bad index in {part:?}")))?;
+                    (n, Some(i))
+                }
+                None => (part, None),
+            };
+            let obj = slot
+                .as_object_mut()
+                .ok_or_else(|| bad(key, format!("{name:?} is not inside a mapping")))?;
+            if !obj.contains_key(name) {
+                let known: Vec<&String> = obj.keys().collect();
+                return Err(bad(
+                    key,
+                    format!("unknown key {name:?} (known here: {known:?})"),
+                ));
+            }
+            slot = obj.get_mut(name).expect("checked");
+            if let Some(i) = index {
+                let arr = slot
+                    .as_array_mut()
+                    .ok_or_else(|| bad(key, format!("{name:?} is not a list")))?;
+                let len = arr.len();
+                slot = arr
+                    .get_mut(i)
+                    .ok_or_else(|| bad(key, format!("index {i} out of range (length {len})")))?;
+            }
+        }
+        *slot = new;
+    }
+    let config: ExperimentConfig = serde_json::from_value(value).map_err(|e| {
+        bad(
+            "--set",
+            format!("the overridden config does not fit the schema: {e}"),
+        )
+    })?;
+    config.validate(path)?;
+    let text = serde_saphyr::to_string(&config).expect("config serialises to YAML");
+    Ok((config, text))
+}
+
 /// Turn a YAML error into a one-line, located message.
 pub fn yaml_error(e: &serde_saphyr::Error, path: &Path) -> ConfigError {
     let (line, column) = e
@@ -1052,6 +1123,32 @@ stages:
     fn missing_file_is_an_io_error_naming_it() {
         let e = load(Path::new("/nonexistent/kiln.yaml")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/kiln.yaml"), "{e}");
+    }
+
+    #[test]
+    fn overrides_apply_by_key_path_and_validate() {
+        let c = p(MINIMAL).unwrap();
+        let sets = [
+            "loader.num_workers=0".to_string(),
+            "model.hidden=[32, 16]".to_string(),
+            "stages[0].epochs=5".to_string(),
+            "stages[0].optimizer.lr=0.01".to_string(),
+        ];
+        let (o, text) = apply_overrides(&c, &sets, Path::new("t.yaml")).unwrap();
+        assert_eq!(o.loader.num_workers, WorkerCount::Fixed(0));
+        assert_eq!(o.model.hidden, vec![32, 16]);
+        assert_eq!(o.stages[0].epochs, 5);
+        assert_eq!(o.stages[0].optimizer.lr, 0.01);
+        // The effective text parses back to the same config.
+        assert_eq!(p(&text).unwrap(), o);
+        let e = apply_overrides(&c, &["loader.workers=1".into()], Path::new("t.yaml")).unwrap_err();
+        assert!(e.to_string().contains("unknown key \"workers\""), "{e}");
+        let e =
+            apply_overrides(&c, &["stages[3].epochs=1".into()], Path::new("t.yaml")).unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        let e =
+            apply_overrides(&c, &["stages[0].epochs=0".into()], Path::new("t.yaml")).unwrap_err();
+        assert!(e.to_string().contains("stages[0].epochs"), "{e}");
     }
 
     #[test]

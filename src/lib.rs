@@ -5,14 +5,17 @@
 
 pub mod artifact;
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod data;
 pub mod infer;
 pub mod model;
+pub mod observe;
 pub mod predict;
 pub mod rng;
 pub mod run;
+pub mod serve;
 pub mod train;
 pub mod util;
 

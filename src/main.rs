@@ -36,6 +36,21 @@ enum Command {
         /// Only warnings, errors and the export path.
         #[arg(long, short)]
         quiet: bool,
+        /// Override a config value: `--set loader.num_workers=2 --set model.hidden=[32,32]`.
+        /// The run directory stores the effective config.
+        #[arg(long, value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Profile inference on fixed inputs, or compare two saved profiles.
+    Profile {
+        #[command(subcommand)]
+        command: ProfileCommand,
+    },
+    /// Print versions, backends, CPU/GPU and thread settings (the first thing to check).
+    Doctor {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
     },
     /// Inspect experiment configs.
     Config {
@@ -49,6 +64,60 @@ enum Command {
     },
     /// Predict mean and standard deviation per target for every row of a CSV file.
     Predict(PredictArgs),
+}
+
+#[derive(Subcommand)]
+enum ProfileCommand {
+    /// Profile inference on fixed, seeded inputs: writes a Chrome trace and a key-averages
+    /// table (`key_averages.json` is the input of `kiln profile diff`).
+    Infer {
+        /// An export or run directory (default: the reference network, seeded weights).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// The reference network 20 → 48 → 48 → 3+3 (the default without --checkpoint).
+        #[arg(long, conflicts_with = "checkpoint")]
+        reference: bool,
+        /// Inference engine.
+        #[arg(long, default_value = "burn")]
+        engine: String,
+        /// Rows per call.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Recorded iterations.
+        #[arg(long, default_value_t = 200)]
+        iters: u64,
+        /// Warm-up iterations (not recorded).
+        #[arg(long, default_value_t = 50)]
+        warmup: u64,
+        /// Engine threads (0 = its default).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Output directory.
+        #[arg(long, default_value = "profile-infer")]
+        out: PathBuf,
+        /// Seed of the inputs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Group the table by input shape.
+        #[arg(long)]
+        record_shapes: bool,
+        /// Record resident-memory deltas per span.
+        #[arg(long)]
+        profile_memory: bool,
+        /// Record each span's source location.
+        #[arg(long)]
+        with_stack: bool,
+    },
+    /// Compare two key-averages tables (files or profile directories), largest regression first.
+    Diff {
+        /// Baseline.
+        a: PathBuf,
+        /// Candidate.
+        b: PathBuf,
+        /// One JSON object per row.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -117,7 +186,9 @@ fn run(cli: Cli) -> CliResult {
             resume,
             plain,
             quiet,
+            set,
         } => cli::train::run(cli::train::TrainArgs {
+            set: &set,
             config: &config,
             resume: resume.as_deref(),
             progress: if quiet {
@@ -131,6 +202,36 @@ fn run(cli: Cli) -> CliResult {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => cli::config::check(&file),
+        Command::Profile { command } => match command {
+            ProfileCommand::Infer {
+                checkpoint,
+                reference: _,
+                engine,
+                batch,
+                iters,
+                warmup,
+                threads,
+                out,
+                seed,
+                record_shapes,
+                profile_memory,
+                with_stack,
+            } => cli::observe::profile_infer(&cli::observe::ProfileInferArgs {
+                checkpoint,
+                engine,
+                batch,
+                iters,
+                warmup,
+                threads,
+                out,
+                seed,
+                record_shapes,
+                profile_memory,
+                with_stack,
+            }),
+            ProfileCommand::Diff { a, b, json } => cli::observe::profile_diff(&a, &b, json),
+        },
+        Command::Doctor { json } => cli::observe::doctor(json),
         Command::Dataset { command } => match command {
             DatasetCommand::Baseball {
                 source,
@@ -166,12 +267,7 @@ fn run(cli: Cli) -> CliResult {
 }
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KILN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    kiln::observe::install_subscriber();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -100,11 +100,18 @@ impl Predictor {
         out: &mut Prediction,
     ) -> Result<(), InferError> {
         crate::infer::check_shape(x_raw, rows, self.n_features())?;
-        self.scratch_x.clear();
-        self.scratch_x.extend_from_slice(x_raw);
-        self.x_norm.apply(&mut self.scratch_x);
-        self.engine
-            .forward(&self.scratch_x, rows, &mut self.scratch_out)?;
+        {
+            let _s = crate::prof_span!("normalize").entered();
+            self.scratch_x.clear();
+            self.scratch_x.extend_from_slice(x_raw);
+            self.x_norm.apply(&mut self.scratch_x);
+        }
+        {
+            let _s = crate::prof_span!("engine_forward").entered();
+            self.engine
+                .forward(&self.scratch_x, rows, &mut self.scratch_out)?;
+        }
+        let _s = crate::prof_span!("denormalize").entered();
         let k = self.targets.len();
         out.mean.clear();
         out.std.clear();

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod dataset;
+pub mod observe;
 pub mod predict;
 pub mod train;
 

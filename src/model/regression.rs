@@ -141,27 +141,32 @@ pub struct RegressionNet<B: Backend> {
 
 impl<B: Backend> RegressionNet<B> {
     /// The one forward pass: both heads on normalised features `[batch, n_features]`.
+    ///
+    /// Each module runs inside a profiler span named by its path (`RegressionNet/backbone/0`,
+    /// …, `RegressionNet/mean_head`, `RegressionNet/logvar_head`); while the profiler
+    /// records, the device is synchronised at the end of each, so the spans time finished
+    /// work on asynchronous backends too.
     pub fn forward(&self, x: Tensor<B, 2>) -> RegressionOutput<B> {
-        let _span = tracing::trace_span!("RegressionNet").entered();
+        let device = x.device();
+        let _net = crate::prof_span!("module", path = "RegressionNet", shape = ?x.dims()).entered();
         let mut h = x;
         for (i, layer) in self.backbone.iter().enumerate() {
-            let _s = tracing::trace_span!(
-                "module",
-                path = LAYER_PATHS
-                    .get(i)
-                    .copied()
-                    .unwrap_or("RegressionNet/backbone/n")
-            )
-            .entered();
+            let path = LAYER_PATHS.get(i).copied().unwrap_or("RegressionNet/backbone/n");
+            let _s = crate::prof_span!("module", path = path, shape = ?h.dims()).entered();
             h = apply_activation(layer.forward(h), self.activation);
+            crate::observe::profiler::sync::<B>(&device);
         }
         let mean = {
-            let _s = tracing::trace_span!("module", path = "RegressionNet/mean_head").entered();
-            self.mean_head.forward(h.clone())
+            let _s = crate::prof_span!("module", path = "RegressionNet/mean_head", shape = ?h.dims()).entered();
+            let m = self.mean_head.forward(h.clone());
+            crate::observe::profiler::sync::<B>(&device);
+            m
         };
         let log_var = {
-            let _s = tracing::trace_span!("module", path = "RegressionNet/logvar_head").entered();
-            self.logvar_head.forward(h)
+            let _s = crate::prof_span!("module", path = "RegressionNet/logvar_head", shape = ?h.dims()).entered();
+            let v = self.logvar_head.forward(h);
+            crate::observe::profiler::sync::<B>(&device);
+            v
         };
         RegressionOutput { mean, log_var }
     }

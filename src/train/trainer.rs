@@ -33,6 +33,10 @@ use crate::data::dataset::{Affine, fit_stats, sha256_hex};
 use crate::data::loader::{BatchSource, Loader, LoaderSpec};
 use crate::data::{ColumnStats, DataError, Dataset};
 use crate::model::{RegressionNet, RegressionNetConfig};
+use crate::observe::profiler::{self, SortBy, StepProfiler};
+use crate::observe::resources::{self, Monitor};
+use crate::observe::schedule::Schedule;
+use crate::observe::verdict::{self, Verdict};
 use crate::run::{RunDir, RunStatus};
 use crate::util;
 
@@ -132,6 +136,8 @@ pub struct TrainOutcome {
     pub manifest: Option<Manifest>,
     /// Wall time of the run in this process.
     pub wall: Duration,
+    /// The bottleneck verdict (absent when the run was stopped early).
+    pub verdict: Option<Verdict>,
 }
 
 /// Sets `require_grad` on every parameter it maps.
@@ -398,9 +404,37 @@ pub fn train<B: AutodiffBackend>(
     let mut epochs_done_here = 0usize;
 
     let (nf, nt) = (arch.n_features, arch.n_targets);
+    let monitor = Monitor::start(Duration::from_millis(500));
+    let cpu_start = resources::cpu_seconds().unwrap_or(0.0);
+    let wall_start = Instant::now();
+    let p = &cfg.profile;
+    let mut profiler = p.enabled.then(|| {
+        let dir = if p.out_dir.is_absolute() {
+            p.out_dir.clone()
+        } else {
+            run.path.join(&p.out_dir)
+        };
+        StepProfiler::new(
+            Schedule {
+                wait: p.wait,
+                warmup: p.warmup,
+                active: p.active,
+                repeat: p.repeat,
+            },
+            profiler::Options {
+                record_shapes: p.record_shapes,
+                profile_memory: p.profile_memory,
+                with_stack: p.with_stack,
+            },
+            dir,
+            "train_step",
+        )
+    });
+    let first_epoch_here = progress.history.len();
     while progress.stage < cfg.stages.len() {
         let si = progress.stage;
         let stage = &cfg.stages[si];
+        monitor.mark(&stage.name);
         model = set_trainable(model, &stage.trainable);
         let trainable = part_param_ids(&model, &stage.trainable);
         let mean_trainable = stage.trainable.contains(&Part::MeanHead);
@@ -422,6 +456,7 @@ pub fn train<B: AutodiffBackend>(
                         parameter_count: arch.num_params(),
                         manifest: None,
                         wall: started.elapsed(),
+                        verdict: None,
                     },
                     model: None,
                 });
@@ -435,15 +470,45 @@ pub fn train<B: AutodiffBackend>(
             let mut lr = schedule.lr(progress.stage_step);
             let mut batches = loader.epoch(epoch_label(si, epoch));
             loop {
+                if let Some(p) = profiler.as_mut()
+                    && let Some(out) = p.on_step(progress.global_step)?
+                {
+                    reporter.line(&format!(
+                        "profiler: {} steps recorded → {} (open in Perfetto) and {}\n{}",
+                        out.averages.steps,
+                        out.trace.display(),
+                        out.table_txt.display(),
+                        out.averages.table(SortBy::Total, 25)
+                    ));
+                }
+                let step_span = crate::prof_span!("train_step").entered();
                 let t0 = Instant::now();
-                let Some(batch) = batches.next() else { break };
+                let batch = {
+                    let _s = crate::prof_span!("data_wait").entered();
+                    batches.next()
+                };
+                let Some(batch) = batch else { break };
                 let t1 = Instant::now();
                 let rows = batch.rows;
-                let x = Tensor::<B, 2>::from_data(TensorData::new(batch.x, [rows, nf]), device);
-                let y = Tensor::<B, 2>::from_data(TensorData::new(batch.y, [rows, nt]), device);
-                let out = model.forward(x);
-                let loss = stage_loss(stage.loss, mean_trainable, out, y);
-                let loss_value: f64 = loss.clone().into_scalar().elem::<f64>();
+                let (x, y) = {
+                    let _s = crate::prof_span!("h2d", shape = ?[rows, nf]).entered();
+                    let x = Tensor::<B, 2>::from_data(TensorData::new(batch.x, [rows, nf]), device);
+                    let y = Tensor::<B, 2>::from_data(TensorData::new(batch.y, [rows, nt]), device);
+                    profiler::sync::<B>(device);
+                    (x, y)
+                };
+                let out = {
+                    let _s = crate::prof_span!("forward", shape = ?[rows, nf]).entered();
+                    let out = model.forward(x);
+                    profiler::sync::<B>(device);
+                    out
+                };
+                let (loss, loss_value) = {
+                    let _s = crate::prof_span!("loss").entered();
+                    let loss = stage_loss(stage.loss, mean_trainable, out, y);
+                    let v: f64 = loss.clone().into_scalar().elem::<f64>();
+                    (loss, v)
+                };
                 if !loss_value.is_finite() {
                     return Err(TrainError::Diverged {
                         stage: si,
@@ -453,11 +518,25 @@ pub fn train<B: AutodiffBackend>(
                         value: loss_value,
                     });
                 }
-                let mut grads = loss.backward();
-                let mut grads = GradientsParams::from_params(&mut grads, &model, &trainable);
-                let norm = clip_global_norm::<B, _>(&model, &mut grads, stage.clip_norm);
+                let mut grads = {
+                    let _s = crate::prof_span!("backward").entered();
+                    let mut g = loss.backward();
+                    let grads = GradientsParams::from_params(&mut g, &model, &trainable);
+                    profiler::sync::<B>(device);
+                    grads
+                };
+                let norm = {
+                    let _s = crate::prof_span!("clip").entered();
+                    clip_global_norm::<B, _>(&model, &mut grads, stage.clip_norm)
+                };
                 lr = schedule.lr(progress.stage_step);
-                model = optim.step(lr, model, grads);
+                model = {
+                    let _s = crate::prof_span!("optimizer_step").entered();
+                    let m = optim.step(lr, model, grads);
+                    profiler::sync::<B>(device);
+                    m
+                };
+                drop(step_span);
                 let t2 = Instant::now();
                 let (dw, dc) = (t1 - t0, t2 - t1);
                 wait += dw;
@@ -496,11 +575,14 @@ pub fn train<B: AutodiffBackend>(
             steps_out.flush().map_err(io_err(&steps_path))?;
 
             let tv = Instant::now();
-            let inner = model.valid();
-            let vpred = predict_split(&inner, &data.validation.x, &x_aff, device);
-            let val_loss = match stage.loss {
-                Loss::Mse => mse_normalised(&vpred, &data.validation.y, &y_aff),
-                Loss::GaussianNll => nll_normalised(&vpred, &data.validation.y, &y_aff),
+            let val_loss = {
+                let _s = crate::prof_span!("validation").entered();
+                let inner = model.valid();
+                let vpred = predict_split(&inner, &data.validation.x, &x_aff, device);
+                match stage.loss {
+                    Loss::Mse => mse_normalised(&vpred, &data.validation.y, &y_aff),
+                    Loss::GaussianNll => nll_normalised(&vpred, &data.validation.y, &y_aff),
+                }
             };
             let validation_s = tv.elapsed().as_secs_f64();
             let step_time = (wait + compute).as_secs_f64().max(1e-12);
@@ -580,6 +662,39 @@ pub fn train<B: AutodiffBackend>(
         }
     }
     drop(loader);
+    if let Some(p) = profiler.as_mut()
+        && let Some(out) = p.finish()?
+    {
+        reporter.line(&format!(
+            "profiler: {} steps recorded → {} and {}",
+            out.averages.steps,
+            out.trace.display(),
+            out.table_txt.display()
+        ));
+    }
+    let trace = monitor.stop();
+    let cpu_util = (resources::cpu_seconds().unwrap_or(cpu_start) - cpu_start)
+        / (wall_start.elapsed().as_secs_f64() * resources::cores() as f64).max(1e-9);
+    resources::write_trace(&trace, &run.path)?;
+    let here = &progress.history[first_epoch_here.min(progress.history.len())..];
+    let verdict = verdict::verdict(&verdict::Timings {
+        data_wait_s: here.iter().map(|r| r.data_wait_s).sum(),
+        compute_s: here.iter().map(|r| r.compute_s).sum(),
+        cpu_util,
+        workers,
+        cores: resources::cores(),
+        batch_size: cfg.loader.batch_size,
+    });
+    reporter.line(&format!(
+        "bottleneck: {} (data wait {:.0}% of step time, compute {:.0}%, CPU {:.0}% of {} cores, peak RSS {:.0} MiB) — {}",
+        verdict.bound.label(),
+        verdict.data_wait_frac * 100.0,
+        verdict.compute_frac * 100.0,
+        verdict.cpu_util * 100.0,
+        resources::cores(),
+        trace.peak_rss_mb(),
+        verdict.advice
+    ));
 
     // Final evaluation and export.
     let stages = summarise(cfg, &progress.history);
@@ -624,6 +739,7 @@ pub fn train<B: AutodiffBackend>(
             "test": report,
             "stages": stages,
             "beats_all_baselines": report.beats_all(),
+            "bottleneck": verdict,
         }),
         dataset: DatasetInfo {
             path: cfg.data.path.display().to_string(),
@@ -655,6 +771,7 @@ pub fn train<B: AutodiffBackend>(
             parameter_count: arch.num_params(),
             manifest: Some(manifest),
             wall: started.elapsed(),
+            verdict: Some(verdict),
         },
         model: Some(inner),
     })

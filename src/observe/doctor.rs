@@ -1,0 +1,232 @@
+//! `kiln doctor`: the versions and settings that decide performance, as one report — the
+//! checklist's first item ("check the versions … and the system").
+
+use serde::{Deserialize, Serialize};
+
+/// CUDA facts (CUDA builds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CudaReport {
+    /// Whether a device could be created and used.
+    pub available: bool,
+    /// Why not, when unavailable.
+    pub error: Option<String>,
+    /// NVIDIA driver version (NVML).
+    pub driver_version: Option<String>,
+    /// CUDA driver API version (NVML), e.g. `12.4`.
+    pub cuda_version: Option<String>,
+    /// GPU names and memory.
+    pub gpus: Vec<String>,
+}
+
+/// The report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DoctorReport {
+    /// kiln's version.
+    pub kiln_version: String,
+    /// Burn's version (from Cargo.lock at build time).
+    pub burn_version: String,
+    /// The rustc that built kiln.
+    pub rustc: String,
+    /// Target triple.
+    pub target: String,
+    /// Cargo profile of this build.
+    pub build_profile: String,
+    /// Enabled cargo features.
+    pub features: Vec<String>,
+    /// Backends compiled in.
+    pub backends: Vec<String>,
+    /// The device `kiln train` uses by default.
+    pub default_device: String,
+    /// CPU model name.
+    pub cpu_model: String,
+    /// Logical cores available to this process.
+    pub logical_cores: usize,
+    /// Physical cores (distinct core ids).
+    pub physical_cores: Option<usize>,
+    /// rayon's thread count (used by the flex backend and the CPU engines).
+    pub rayon_threads: usize,
+    /// Thread-related environment variables that are set.
+    pub thread_env: Vec<String>,
+    /// Operating system and kernel.
+    pub os: String,
+    /// Total memory, MiB.
+    pub memory_total_mb: Option<u64>,
+    /// CUDA facts; `null` on builds without the `cuda` feature.
+    pub cuda: Option<CudaReport>,
+}
+
+fn cpuinfo() -> (String, Option<usize>) {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = text
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let mut cores = std::collections::BTreeSet::new();
+    let mut phys = String::new();
+    for l in text.lines() {
+        if let Some(v) = l.strip_prefix("physical id") {
+            phys = v.trim_start_matches([' ', '\t', ':']).to_string();
+        }
+        if let Some(v) = l.strip_prefix("core id") {
+            cores.insert((phys.clone(), v.trim_start_matches([' ', '\t', ':']).to_string()));
+        }
+    }
+    (model, (!cores.is_empty()).then_some(cores.len()))
+}
+
+fn memory_total_mb() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = text
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_report() -> Option<CudaReport> {
+    let probe = crate::backend::cuda_probe();
+    let mut r = CudaReport {
+        available: probe.is_ok(),
+        error: probe.err(),
+        driver_version: None,
+        cuda_version: None,
+        gpus: Vec::new(),
+    };
+    if let Ok(nvml) = nvml_wrapper::Nvml::init() {
+        r.driver_version = nvml.sys_driver_version().ok();
+        r.cuda_version = nvml
+            .sys_cuda_driver_version()
+            .ok()
+            .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10));
+        let n = nvml.device_count().unwrap_or(0);
+        for i in 0..n {
+            if let Ok(d) = nvml.device_by_index(i) {
+                let name = d.name().unwrap_or_else(|_| "unknown".into());
+                let mem = d.memory_info().map(|m| m.total / (1024 * 1024)).unwrap_or(0);
+                r.gpus.push(format!("{name} ({mem} MiB)"));
+            }
+        }
+    }
+    Some(r)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_report() -> Option<CudaReport> {
+    None
+}
+
+/// Gather the report.
+pub fn report() -> DoctorReport {
+    let (cpu_model, physical_cores) = cpuinfo();
+    let mut features = Vec::new();
+    if cfg!(feature = "cuda") {
+        features.push("cuda".to_string());
+    }
+    if cfg!(feature = "no-spans") {
+        features.push("no-spans".to_string());
+    }
+    let mut backends = vec!["flex".to_string(), "ndarray".to_string()];
+    if cfg!(feature = "cuda") {
+        backends.push("cuda (f32, bf16)".to_string());
+    }
+    let thread_env = [
+        "RAYON_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "KILN_LOG",
+    ]
+    .iter()
+    .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}")))
+    .collect();
+    let os = format!(
+        "{} {}",
+        std::env::consts::OS,
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    );
+    DoctorReport {
+        kiln_version: env!("CARGO_PKG_VERSION").into(),
+        burn_version: crate::BURN_VERSION.into(),
+        rustc: crate::RUSTC_VERSION.into(),
+        target: env!("KILN_TARGET").into(),
+        build_profile: env!("KILN_PROFILE").into(),
+        features,
+        backends,
+        default_device: "cpu (flex)".into(),
+        cpu_model,
+        logical_cores: super::resources::cores(),
+        physical_cores,
+        rayon_threads: rayon::current_num_threads(),
+        thread_env,
+        os: os.trim().to_string(),
+        memory_total_mb: memory_total_mb(),
+        cuda: cuda_report(),
+    }
+}
+
+impl DoctorReport {
+    /// Human-readable text.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let mut kv = |k: &str, v: String| s.push_str(&format!("{k:<16} {v}\n"));
+        kv("kiln", self.kiln_version.clone());
+        kv("burn", self.burn_version.clone());
+        kv("rustc", self.rustc.clone());
+        kv("target", format!("{} ({})", self.target, self.build_profile));
+        kv("features", if self.features.is_empty() { "(none)".into() } else { self.features.join(", ") });
+        kv("backends", self.backends.join(", "));
+        kv("default device", self.default_device.clone());
+        kv("cpu", self.cpu_model.clone());
+        kv(
+            "cores",
+            format!(
+                "{} logical{}",
+                self.logical_cores,
+                self.physical_cores.map(|p| format!(", {p} physical")).unwrap_or_default()
+            ),
+        );
+        kv("rayon threads", self.rayon_threads.to_string());
+        kv("thread env", if self.thread_env.is_empty() { "(none set)".into() } else { self.thread_env.join(" ") });
+        kv("os", self.os.clone());
+        kv("memory", self.memory_total_mb.map(|m| format!("{m} MiB")).unwrap_or_else(|| "unknown".into()));
+        match &self.cuda {
+            None => kv("cuda", "not built (rebuild with --features cuda)".into()),
+            Some(c) => {
+                kv("cuda", if c.available { "available".into() } else { format!("unavailable: {}", c.error.clone().unwrap_or_default()) });
+                kv("driver", c.driver_version.clone().unwrap_or_else(|| "unknown".into()));
+                kv("cuda version", c.cuda_version.clone().unwrap_or_else(|| "unknown".into()));
+                kv("gpus", if c.gpus.is_empty() { "(none)".into() } else { c.gpus.join("; ") });
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_every_field() {
+        let r = report();
+        let v = serde_json::to_value(&r).unwrap();
+        for k in [
+            "kiln_version", "burn_version", "rustc", "target", "build_profile", "features", "backends",
+            "default_device", "cpu_model", "logical_cores", "physical_cores", "rayon_threads",
+            "thread_env", "os", "memory_total_mb", "cuda",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert_eq!(r.burn_version, "0.21.0");
+        assert!(r.rustc.starts_with("rustc "));
+        assert!(r.logical_cores >= 1);
+        assert!(r.text().contains("burn             0.21.0"));
+    }
+}

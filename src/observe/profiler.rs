@@ -1,0 +1,754 @@
+//! The scheduled profiler, built on `tracing` spans.
+//!
+//! Code marks its phases with spans under the target `kiln::prof` (see [`crate::prof_span!`]):
+//! the training step and its parts (data wait, host-to-device copy, forward, loss, backward,
+//! clipping, optimizer step), validation, and every module's forward (named by module path,
+//! e.g. `RegressionNet/backbone/0`). A [`ProfilerLayer`] in the global subscriber turns them
+//! into timed events while the [`Schedule`] says *record*:
+//!
+//! * **off** (outside the window, or profiling disabled): each span site costs one dynamic
+//!   filter check (an atomic load); no span is created;
+//! * **warm-up**: spans are live, nothing is kept;
+//! * **record**: enter/exit times (and optionally RSS deltas, source locations and shapes) are
+//!   kept; at the end of each phase the device is synchronised ([`sync`]), so on CUDA a span
+//!   measures kernel time, not launch time.
+//!
+//! When the window ends the profiler writes a Chrome trace-event file (`trace.json`, opens in
+//! Perfetto or chrome://tracing) and a key-averages table (`key_averages.txt` / `.json`: calls,
+//! total, self, average, % of step), like `torch.profiler`'s `key_averages().table()`.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
+use tracing::{Metadata, Subscriber};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+
+use super::schedule::{Action, Schedule};
+use crate::artifact::{ArtifactError, write_atomic};
+
+/// The span target the profiler listens to.
+pub const TARGET: &str = "kiln::prof";
+
+static ARMED: AtomicBool = AtomicBool::new(false);
+static RECORDING: AtomicBool = AtomicBool::new(false);
+static STEP: AtomicU64 = AtomicU64::new(0);
+static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
+static NEXT_TID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static TID: Cell<u64> = const { Cell::new(0) };
+}
+
+fn thread_id() -> u64 {
+    TID.with(|t| {
+        if t.get() == 0 {
+            t.set(NEXT_TID.fetch_add(1, Ordering::Relaxed));
+        }
+        t.get()
+    })
+}
+
+/// Options of a recording.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Keep span fields (tensor shapes) as event arguments and group the table by them.
+    pub record_shapes: bool,
+    /// Record the resident-set-size change over each span.
+    pub profile_memory: bool,
+    /// Record each span's source location.
+    pub with_stack: bool,
+}
+
+/// One recorded span.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Span name, or the module path for module spans.
+    pub name: String,
+    /// `module` or `phase`.
+    pub cat: String,
+    /// Start, µs since the recording began.
+    pub ts_us: f64,
+    /// Duration, µs.
+    pub dur_us: f64,
+    /// Thread (small integer).
+    pub tid: u64,
+    /// Optimizer step (or iteration) it belongs to.
+    pub step: u64,
+    /// Shapes, RSS delta, source location.
+    pub args: BTreeMap<String, String>,
+}
+
+struct Recorder {
+    origin: Instant,
+    opts: Options,
+    events: Vec<Event>,
+}
+
+/// Per-span data kept in the registry's extensions while recording.
+struct Timing {
+    name: String,
+    cat: &'static str,
+    args: BTreeMap<String, String>,
+    start: Option<Instant>,
+    rss_start_kb: Option<i64>,
+}
+
+struct FieldCollector<'a> {
+    name: &'a mut Option<String>,
+    args: &'a mut BTreeMap<String, String>,
+}
+
+impl Visit for FieldCollector<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "path" {
+            *self.name = Some(value.to_string());
+        } else {
+            self.args.insert(field.name().to_string(), value.to_string());
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let v = format!("{value:?}");
+        if field.name() == "path" {
+            *self.name = Some(v.trim_matches('"').to_string());
+        } else {
+            self.args.insert(field.name().to_string(), v);
+        }
+    }
+}
+
+/// The `tracing` layer that times `kiln::prof` spans while recording.
+pub struct ProfilerLayer;
+
+/// Whether a callsite belongs to the profiler.
+pub fn is_profiler_callsite(meta: &Metadata<'_>) -> bool {
+    meta.target() == TARGET
+}
+
+/// The per-layer filter: profiler spans only, and only while armed.
+pub fn profiler_filter(meta: &Metadata<'_>) -> bool {
+    is_profiler_callsite(meta) && ARMED.load(Ordering::Relaxed)
+}
+
+impl<S> Layer<S> for ProfilerLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if !RECORDING.load(Ordering::Relaxed) {
+            return;
+        }
+        let opts = match RECORDER.lock() {
+            Ok(g) => match g.as_ref() {
+                Some(r) => r.opts,
+                None => return,
+            },
+            Err(_) => return,
+        };
+        let meta = attrs.metadata();
+        let mut name = None;
+        let mut args = BTreeMap::new();
+        attrs.record(&mut FieldCollector {
+            name: &mut name,
+            args: &mut args,
+        });
+        if !opts.record_shapes {
+            args.clear();
+        }
+        if opts.with_stack
+            && let (Some(file), Some(line)) = (meta.file(), meta.line())
+        {
+            args.insert("source".into(), format!("{file}:{line}"));
+        }
+        let cat = if name.is_some() { "module" } else { "phase" };
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(Timing {
+                name: name.unwrap_or_else(|| meta.name().to_string()),
+                cat,
+                args,
+                start: None,
+                rss_start_kb: None,
+            });
+        }
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id)
+            && let Some(t) = span.extensions_mut().get_mut::<Timing>()
+        {
+            let memory = RECORDER
+                .lock()
+                .ok()
+                .and_then(|g| g.as_ref().map(|r| r.opts.profile_memory))
+                .unwrap_or(false);
+            if memory {
+                t.rss_start_kb = super::resources::rss_kb();
+            }
+            t.start = Some(Instant::now());
+        }
+    }
+
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        let end = Instant::now();
+        let Some(span) = ctx.span(id) else { return };
+        let mut ext = span.extensions_mut();
+        let Some(t) = ext.get_mut::<Timing>() else {
+            return;
+        };
+        let Some(start) = t.start.take() else { return };
+        let Ok(mut guard) = RECORDER.lock() else {
+            return;
+        };
+        let Some(rec) = guard.as_mut() else { return };
+        let mut args = t.args.clone();
+        if let Some(before) = t.rss_start_kb.take()
+            && let Some(after) = super::resources::rss_kb()
+        {
+            args.insert("rss_delta_kb".into(), (after - before).to_string());
+        }
+        rec.events.push(Event {
+            name: t.name.clone(),
+            cat: t.cat.to_string(),
+            ts_us: start.saturating_duration_since(rec.origin).as_secs_f64() * 1e6,
+            dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
+            tid: thread_id(),
+            step: STEP.load(Ordering::Relaxed),
+            args,
+        });
+    }
+}
+
+/// Synchronise the device when recording, so the enclosing span measures completed work.
+/// Costs one atomic load otherwise.
+#[inline]
+pub fn sync<B: burn::tensor::backend::Backend>(device: &B::Device) {
+    if RECORDING.load(Ordering::Relaxed) {
+        let _ = B::sync(device);
+    }
+}
+
+/// Whether spans are currently recorded.
+pub fn recording() -> bool {
+    RECORDING.load(Ordering::Relaxed)
+}
+
+fn set_action(action: Action) {
+    let armed = action != Action::Off;
+    RECORDING.store(action == Action::Record, Ordering::SeqCst);
+    if ARMED.swap(armed, Ordering::SeqCst) != armed {
+        // The per-layer filter's answer is cached per callsite (`Interest::always`/`never`),
+        // which is what makes disarmed spans free; re-evaluate it when arming or disarming.
+        tracing::callsite::rebuild_interest_cache();
+    }
+}
+
+/// Drives one recording through a schedule and writes its outputs.
+pub struct StepProfiler {
+    schedule: Schedule,
+    out_dir: PathBuf,
+    step_name: String,
+    done: bool,
+}
+
+impl StepProfiler {
+    /// Start a profiler that records according to `schedule` into `out_dir`. Only one
+    /// recording exists per process at a time.
+    pub fn new(schedule: Schedule, opts: Options, out_dir: PathBuf, step_name: &str) -> Self {
+        if let Ok(mut g) = RECORDER.lock() {
+            *g = Some(Recorder {
+                origin: Instant::now(),
+                opts,
+                events: Vec::new(),
+            });
+        }
+        Self {
+            schedule,
+            out_dir,
+            step_name: step_name.to_string(),
+            done: false,
+        }
+    }
+
+    /// Call at the start of every step (optimizer step or inference iteration). Returns the
+    /// outputs when this step ends the recording window.
+    pub fn on_step(&mut self, step: u64) -> Result<Option<ProfileOutputs>, ArtifactError> {
+        if self.done {
+            return Ok(None);
+        }
+        STEP.store(step, Ordering::Relaxed);
+        if step >= self.schedule.end() {
+            return self.finish();
+        }
+        set_action(self.schedule.action(step));
+        Ok(None)
+    }
+
+    /// Stop recording and write what was recorded (idempotent).
+    pub fn finish(&mut self) -> Result<Option<ProfileOutputs>, ArtifactError> {
+        if self.done {
+            return Ok(None);
+        }
+        self.done = true;
+        set_action(Action::Off);
+        let events = RECORDER
+            .lock()
+            .ok()
+            .and_then(|mut g| g.take())
+            .map(|r| r.events)
+            .unwrap_or_default();
+        if events.is_empty() {
+            return Ok(None);
+        }
+        write_outputs(&events, &self.out_dir, &self.step_name).map(Some)
+    }
+}
+
+impl Drop for StepProfiler {
+    fn drop(&mut self) {
+        if !self.done {
+            set_action(Action::Off);
+            if let Ok(mut g) = RECORDER.lock() {
+                *g = None;
+            }
+        }
+    }
+}
+
+/// One row of the key-averages table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyAverage {
+    /// Span or module name.
+    pub name: String,
+    /// Shapes (when recorded).
+    #[serde(default)]
+    pub shapes: Option<String>,
+    /// Number of spans.
+    pub calls: u64,
+    /// Total µs.
+    pub total_us: f64,
+    /// Total minus the time of spans nested directly inside, µs.
+    pub self_us: f64,
+    /// Mean µs per call.
+    pub avg_us: f64,
+    /// Total as a share of the step spans' total time (%).
+    pub pct_of_step: f64,
+}
+
+/// The key-averages table of a recording.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyAverages {
+    /// The span that delimits a step (`train_step`, `infer_step`).
+    pub step_name: String,
+    /// Steps recorded.
+    pub steps: u64,
+    /// Total µs of the step spans.
+    pub step_total_us: f64,
+    /// Rows, sorted by total time.
+    pub rows: Vec<KeyAverage>,
+}
+
+/// Sort orders of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortBy {
+    /// Total time.
+    Total,
+    /// Self time.
+    SelfTime,
+}
+
+/// Self time of each event: its duration minus its direct children's (same thread, nested).
+pub fn self_times(events: &[Event]) -> Vec<f64> {
+    let mut self_us: Vec<f64> = events.iter().map(|e| e.dur_us).collect();
+    let mut by_thread: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        by_thread.entry(e.tid).or_default().push(i);
+    }
+    for idx in by_thread.values_mut() {
+        idx.sort_by(|&a, &b| {
+            events[a]
+                .ts_us
+                .total_cmp(&events[b].ts_us)
+                .then(events[b].dur_us.total_cmp(&events[a].dur_us))
+        });
+        let mut stack: Vec<usize> = Vec::new();
+        for &i in idx.iter() {
+            let s = events[i].ts_us;
+            while let Some(&top) = stack.last() {
+                let top_end = events[top].ts_us + events[top].dur_us;
+                if s >= top_end - 1e-6 {
+                    stack.pop();
+                } else {
+                    break;
+                }
+            }
+            if let Some(&parent) = stack.last() {
+                self_us[parent] -= events[i].dur_us;
+            }
+            stack.push(i);
+        }
+    }
+    self_us.iter().map(|v| v.max(0.0)).collect()
+}
+
+/// Aggregate events into the key-averages table.
+pub fn key_averages(events: &[Event], step_name: &str) -> KeyAverages {
+    let selfs = self_times(events);
+    let mut rows: BTreeMap<(String, Option<String>), KeyAverage> = BTreeMap::new();
+    let (mut steps, mut step_total) = (0u64, 0.0f64);
+    for (e, s) in events.iter().zip(&selfs) {
+        if e.name == step_name {
+            steps += 1;
+            step_total += e.dur_us;
+        }
+        let shapes = e.args.get("shape").cloned();
+        let row = rows
+            .entry((e.name.clone(), shapes.clone()))
+            .or_insert_with(|| KeyAverage {
+                name: e.name.clone(),
+                shapes,
+                calls: 0,
+                total_us: 0.0,
+                self_us: 0.0,
+                avg_us: 0.0,
+                pct_of_step: 0.0,
+            });
+        row.calls += 1;
+        row.total_us += e.dur_us;
+        row.self_us += s;
+    }
+    let mut rows: Vec<KeyAverage> = rows.into_values().collect();
+    for r in &mut rows {
+        r.avg_us = r.total_us / r.calls.max(1) as f64;
+        r.pct_of_step = if step_total > 0.0 {
+            100.0 * r.total_us / step_total
+        } else {
+            0.0
+        };
+    }
+    rows.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+    KeyAverages {
+        step_name: step_name.to_string(),
+        steps,
+        step_total_us: step_total,
+        rows,
+    }
+}
+
+impl KeyAverages {
+    /// The table as text, sorted as asked, at most `limit` rows.
+    pub fn table(&self, sort: SortBy, limit: usize) -> String {
+        let mut rows = self.rows.clone();
+        match sort {
+            SortBy::Total => rows.sort_by(|a, b| b.total_us.total_cmp(&a.total_us)),
+            SortBy::SelfTime => rows.sort_by(|a, b| b.self_us.total_cmp(&a.self_us)),
+        }
+        let shapes = rows.iter().any(|r| r.shapes.is_some());
+        let mut s = format!(
+            "{:<34} {:>7} {:>12} {:>12} {:>10} {:>8}{}\n",
+            "name",
+            "calls",
+            "total µs",
+            "self µs",
+            "avg µs",
+            "% step",
+            if shapes { "  shapes" } else { "" }
+        );
+        for r in rows.iter().take(limit) {
+            s.push_str(&format!(
+                "{:<34} {:>7} {:>12.1} {:>12.1} {:>10.2} {:>7.1}%{}\n",
+                truncate(&r.name, 34),
+                r.calls,
+                r.total_us,
+                r.self_us,
+                r.avg_us,
+                r.pct_of_step,
+                r.shapes
+                    .as_ref()
+                    .map(|x| format!("  {x}"))
+                    .unwrap_or_default()
+            ));
+        }
+        s.push_str(&format!(
+            "{} {} steps, {:.1} µs per step\n",
+            self.step_name,
+            self.steps,
+            self.step_total_us / self.steps.max(1) as f64
+        ));
+        s
+    }
+
+    /// Read a saved table.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{}:{}:{}: not a kiln key-averages table: {e}",
+                path.display(),
+                e.line(),
+                e.column()
+            )
+        })
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let t: String = s.chars().take(n - 1).collect();
+        format!("{t}…")
+    }
+}
+
+/// The Chrome trace-event JSON of a recording.
+pub fn chrome_trace(events: &[Event]) -> serde_json::Value {
+    let trace: Vec<serde_json::Value> = events
+        .iter()
+        .map(|e| {
+            let mut args: serde_json::Map<String, serde_json::Value> = e
+                .args
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            args.insert("step".into(), e.step.into());
+            serde_json::json!({
+                "name": e.name,
+                "cat": e.cat,
+                "ph": "X",
+                "ts": e.ts_us,
+                "dur": e.dur_us,
+                "pid": std::process::id(),
+                "tid": e.tid,
+                "args": args,
+            })
+        })
+        .collect();
+    serde_json::json!({ "traceEvents": trace, "displayTimeUnit": "ms" })
+}
+
+/// Paths of a written recording.
+#[derive(Debug, Clone)]
+pub struct ProfileOutputs {
+    /// Chrome trace.
+    pub trace: PathBuf,
+    /// Key averages as JSON (input of `kiln profile diff`).
+    pub table_json: PathBuf,
+    /// Key averages as text.
+    pub table_txt: PathBuf,
+    /// The table.
+    pub averages: KeyAverages,
+}
+
+/// Write `trace.json`, `key_averages.json` and `key_averages.txt` into `dir`.
+pub fn write_outputs(events: &[Event], dir: &Path, step_name: &str) -> Result<ProfileOutputs, ArtifactError> {
+    std::fs::create_dir_all(dir).map_err(|source| ArtifactError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let trace = dir.join("trace.json");
+    write_atomic(&trace, &serde_json::to_vec(&chrome_trace(events)).expect("json"))?;
+    let averages = key_averages(events, step_name);
+    let table_json = dir.join("key_averages.json");
+    write_atomic(&table_json, &serde_json::to_vec_pretty(&averages).expect("json"))?;
+    let table_txt = dir.join("key_averages.txt");
+    let text = format!(
+        "{}\n-- sorted by self time --\n{}",
+        averages.table(SortBy::Total, 60),
+        averages.table(SortBy::SelfTime, 60)
+    );
+    write_atomic(&table_txt, text.as_bytes())?;
+    Ok(ProfileOutputs {
+        trace,
+        table_json,
+        table_txt,
+        averages,
+    })
+}
+
+/// One row of a comparison of two tables.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DiffRow {
+    /// Span or module name.
+    pub name: String,
+    /// Calls per step in A and B.
+    pub calls: (f64, f64),
+    /// Total µs per step in A and B.
+    pub total_per_step_us: (f64, f64),
+    /// Mean µs per call in A and B.
+    pub avg_us: (f64, f64),
+    /// B's per-step total over A's (∞ when absent in A).
+    pub ratio: f64,
+    /// B − A, µs per step.
+    pub delta_us: f64,
+}
+
+/// Compare two tables operator by operator, per step, largest regression first.
+pub fn diff(a: &KeyAverages, b: &KeyAverages) -> Vec<DiffRow> {
+    let per = |t: &KeyAverages| -> BTreeMap<String, (f64, f64)> {
+        let steps = t.steps.max(1) as f64;
+        let mut m: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for r in &t.rows {
+            let e = m.entry(r.name.clone()).or_default();
+            e.0 += r.calls as f64 / steps;
+            e.1 += r.total_us / steps;
+        }
+        m
+    };
+    let (pa, pb) = (per(a), per(b));
+    let mut names: Vec<&String> = pa.keys().chain(pb.keys()).collect();
+    names.sort();
+    names.dedup();
+    let mut rows: Vec<DiffRow> = names
+        .into_iter()
+        .map(|n| {
+            let (ca, ta) = pa.get(n).copied().unwrap_or((0.0, 0.0));
+            let (cb, tb) = pb.get(n).copied().unwrap_or((0.0, 0.0));
+            DiffRow {
+                name: n.clone(),
+                calls: (ca, cb),
+                total_per_step_us: (ta, tb),
+                avg_us: (ta / ca.max(1e-12), tb / cb.max(1e-12)),
+                ratio: if ta > 0.0 { tb / ta } else { f64::INFINITY },
+                delta_us: tb - ta,
+            }
+        })
+        .collect();
+    rows.sort_by(|x, y| y.delta_us.total_cmp(&x.delta_us));
+    rows
+}
+
+/// The diff as text.
+pub fn diff_table(rows: &[DiffRow]) -> String {
+    let mut s = format!(
+        "{:<34} {:>9} {:>9} {:>12} {:>12} {:>10} {:>10} {:>8} {:>11}\n",
+        "name", "calls A", "calls B", "µs/step A", "µs/step B", "avg A", "avg B", "ratio", "Δ µs/step"
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "{:<34} {:>9.1} {:>9.1} {:>12.2} {:>12.2} {:>10.2} {:>10.2} {:>8} {:>+11.2}\n",
+            truncate(&r.name, 34),
+            r.calls.0,
+            r.calls.1,
+            r.total_per_step_us.0,
+            r.total_per_step_us.1,
+            r.avg_us.0,
+            r.avg_us.1,
+            if r.ratio.is_finite() {
+                format!("{:.2}×", r.ratio)
+            } else {
+                "new".into()
+            },
+            r.delta_us
+        ));
+    }
+    s
+}
+
+/// Open a profiler span: `prof_span!("forward")`, `prof_span!("module", path = "Net/head")`,
+/// `prof_span!("forward", shape = ?[b, f])`. Compiled out with the `no-spans` feature (the
+/// baseline for measuring the spans' cost).
+#[macro_export]
+macro_rules! prof_span {
+    ($name:literal $(, $($fields:tt)*)?) => {{
+        #[cfg(not(feature = "no-spans"))]
+        let span = ::tracing::trace_span!(target: "kiln::prof", $name $(, $($fields)*)?);
+        #[cfg(feature = "no-spans")]
+        let span = ::tracing::Span::none();
+        span
+    }};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(name: &str, ts: f64, dur: f64) -> Event {
+        Event {
+            name: name.into(),
+            cat: "phase".into(),
+            ts_us: ts,
+            dur_us: dur,
+            tid: 1,
+            step: 0,
+            args: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn self_time_subtracts_direct_children_only() {
+        let events = vec![
+            ev("train_step", 0.0, 100.0),
+            ev("forward", 10.0, 40.0),
+            ev("RegressionNet/backbone/0", 12.0, 10.0),
+            ev("RegressionNet/backbone/1", 25.0, 20.0),
+            ev("backward", 60.0, 30.0),
+            ev("train_step", 100.0, 50.0),
+        ];
+        let s = self_times(&events);
+        assert_eq!(s, vec![30.0, 10.0, 10.0, 20.0, 30.0, 50.0]);
+        let t = key_averages(&events, "train_step");
+        assert_eq!(t.steps, 2);
+        assert_eq!(t.step_total_us, 150.0);
+        let step = t.rows.iter().find(|r| r.name == "train_step").unwrap();
+        assert_eq!((step.calls, step.total_us, step.self_us), (2, 150.0, 80.0));
+        for r in &t.rows {
+            assert!(r.self_us <= r.total_us + 1e-9);
+        }
+        let fwd = t.rows.iter().find(|r| r.name == "forward").unwrap();
+        assert!((fwd.pct_of_step - 100.0 * 40.0 / 150.0).abs() < 1e-9);
+        assert!(t.table(SortBy::SelfTime, 10).lines().nth(1).unwrap().starts_with("train_step"));
+    }
+
+    #[test]
+    fn diff_sorts_by_largest_regression() {
+        let mk = |rows: Vec<(&str, u64, f64)>, steps| KeyAverages {
+            step_name: "infer_step".into(),
+            steps,
+            step_total_us: 0.0,
+            rows: rows
+                .into_iter()
+                .map(|(n, c, t)| KeyAverage {
+                    name: n.into(),
+                    shapes: None,
+                    calls: c,
+                    total_us: t,
+                    self_us: t,
+                    avg_us: t / c as f64,
+                    pct_of_step: 0.0,
+                })
+                .collect(),
+        };
+        let a = mk(vec![("matmul", 10, 100.0), ("relu", 10, 20.0), ("gone", 10, 5.0)], 10);
+        let b = mk(vec![("matmul", 20, 400.0), ("relu", 20, 40.0), ("new", 20, 30.0)], 20);
+        let d = diff(&a, &b);
+        // Per step: matmul 10 → 20 µs (+10), new 0 → 1.5 (+1.5), relu 2 → 2, gone 0.5 → 0.
+        assert_eq!(d[0].name, "matmul");
+        assert_eq!(d[0].total_per_step_us, (10.0, 20.0));
+        assert_eq!(d[0].ratio, 2.0);
+        assert_eq!(d[1].name, "new");
+        assert!(d[1].ratio.is_infinite());
+        assert_eq!(d.last().unwrap().name, "gone");
+        assert!(diff_table(&d).contains("new"));
+    }
+
+    #[test]
+    fn chrome_trace_has_complete_events() {
+        let mut e = ev("RegressionNet/backbone/0", 1.0, 2.0);
+        e.cat = "module".into();
+        e.args.insert("shape".into(), "[128, 20]".into());
+        let v = chrome_trace(&[e]);
+        let t = &v["traceEvents"][0];
+        assert_eq!(t["ph"], "X");
+        assert_eq!(t["name"], "RegressionNet/backbone/0");
+        assert_eq!(t["args"]["shape"], "[128, 20]");
+    }
+}

@@ -1,0 +1,361 @@
+//! The resource trace: every 0.5 s the process CPU % (and normalised per core), resident
+//! memory and, on CUDA builds, GPU utilisation and memory (NVML), with stage markers.
+//!
+//! A background thread samples `/proc/self/stat` and `/proc/self/statm` (a few µs per
+//! sample), so the monitor is always on during `kiln train`.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::{ArtifactError, write_atomic};
+
+/// Resident set size of this process in KiB (Linux; `None` elsewhere).
+pub fn rss_kb() -> Option<i64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: i64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page.max(1) as i64 / 1024)
+}
+
+/// CPU time (user + system) consumed by this process, seconds.
+pub fn cpu_seconds() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which is in parentheses and may contain spaces).
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((utime + stime) / tick.max(1.0))
+}
+
+/// Logical cores available to this process.
+pub fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// One sample.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Seconds since the monitor started.
+    pub t_s: f64,
+    /// Process CPU use over the last interval, % of one core (can exceed 100).
+    pub cpu_pct: f64,
+    /// The same, % of all cores.
+    pub cpu_pct_per_core: f64,
+    /// Resident memory, MiB.
+    pub rss_mb: f64,
+    /// GPU utilisation % (CUDA builds with NVML).
+    pub gpu_util_pct: Option<f64>,
+    /// GPU memory used, MiB (CUDA builds with NVML).
+    pub gpu_mem_mb: Option<f64>,
+    /// The stage running when the sample was taken.
+    pub stage: String,
+}
+
+/// A labelled point in time (a stage start).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Marker {
+    /// Seconds since the monitor started.
+    pub t_s: f64,
+    /// Label.
+    pub label: String,
+}
+
+/// The whole trace.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    /// Samples in time order.
+    pub samples: Vec<Sample>,
+    /// Stage boundaries.
+    pub markers: Vec<Marker>,
+}
+
+impl Trace {
+    /// Median of the per-core CPU % over all samples.
+    pub fn median_cpu_per_core(&self) -> Option<f64> {
+        let mut v: Vec<f64> = self.samples.iter().map(|s| s.cpu_pct_per_core).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        Some(v[v.len() / 2])
+    }
+
+    /// Largest RSS, MiB.
+    pub fn peak_rss_mb(&self) -> f64 {
+        self.samples.iter().map(|s| s.rss_mb).fold(0.0, f64::max)
+    }
+
+    /// CSV text.
+    pub fn to_csv(&self) -> String {
+        let mut s = String::from("t_s,cpu_pct,cpu_pct_per_core,rss_mb,gpu_util_pct,gpu_mem_mb,stage\n");
+        let opt = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_default();
+        for x in &self.samples {
+            s.push_str(&format!(
+                "{:.3},{:.1},{:.1},{:.1},{},{},{}\n",
+                x.t_s,
+                x.cpu_pct,
+                x.cpu_pct_per_core,
+                x.rss_mb,
+                opt(x.gpu_util_pct),
+                opt(x.gpu_mem_mb),
+                x.stage
+            ));
+        }
+        s
+    }
+}
+
+struct Shared {
+    trace: Trace,
+    stage: String,
+}
+
+/// GPU readings, when available.
+trait GpuProbe: Send {
+    fn read(&mut self) -> (Option<f64>, Option<f64>);
+}
+
+struct NoGpu;
+
+impl GpuProbe for NoGpu {
+    fn read(&mut self) -> (Option<f64>, Option<f64>) {
+        (None, None)
+    }
+}
+
+#[cfg(feature = "cuda")]
+struct Nvml {
+    nvml: nvml_wrapper::Nvml,
+}
+
+#[cfg(feature = "cuda")]
+impl GpuProbe for Nvml {
+    fn read(&mut self) -> (Option<f64>, Option<f64>) {
+        match self.nvml.device_by_index(0) {
+            Ok(d) => (
+                d.utilization_rates().ok().map(|u| u.gpu as f64),
+                d.memory_info().ok().map(|m| m.used as f64 / (1024.0 * 1024.0)),
+            ),
+            Err(_) => (None, None),
+        }
+    }
+}
+
+fn gpu_probe() -> Box<dyn GpuProbe> {
+    #[cfg(feature = "cuda")]
+    if let Ok(nvml) = nvml_wrapper::Nvml::init() {
+        return Box::new(Nvml { nvml });
+    }
+    Box::new(NoGpu)
+}
+
+/// A running monitor.
+pub struct Monitor {
+    shared: Arc<Mutex<Shared>>,
+    stop: Option<Sender<()>>,
+    handle: Option<JoinHandle<()>>,
+    start: Instant,
+}
+
+impl Monitor {
+    /// Start sampling every `interval`.
+    pub fn start(interval: Duration) -> Self {
+        let shared = Arc::new(Mutex::new(Shared {
+            trace: Trace::default(),
+            stage: String::new(),
+        }));
+        let (tx, rx) = channel();
+        let start = Instant::now();
+        let s2 = Arc::clone(&shared);
+        let handle = std::thread::Builder::new()
+            .name("kiln-resources".into())
+            .spawn(move || sample_loop(s2, rx, interval, start))
+            .expect("spawning the resource monitor");
+        Self {
+            shared,
+            stop: Some(tx),
+            handle: Some(handle),
+            start,
+        }
+    }
+
+    /// Mark the start of a stage.
+    pub fn mark(&self, label: &str) {
+        if let Ok(mut s) = self.shared.lock() {
+            s.stage = label.to_string();
+            s.trace.markers.push(Marker {
+                t_s: self.start.elapsed().as_secs_f64(),
+                label: label.to_string(),
+            });
+        }
+    }
+
+    /// Stop sampling (taking one last sample) and return the trace.
+    pub fn stop(mut self) -> Trace {
+        self.halt();
+        self.shared
+            .lock()
+            .map(|s| s.trace.clone())
+            .unwrap_or_default()
+    }
+
+    fn halt(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+fn sample_loop(shared: Arc<Mutex<Shared>>, stop: Receiver<()>, interval: Duration, start: Instant) {
+    let mut gpu = gpu_probe();
+    let n = cores() as f64;
+    let mut last_t = Instant::now();
+    let mut last_cpu = cpu_seconds().unwrap_or(0.0);
+    loop {
+        let finished = match stop.recv_timeout(interval) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
+            Err(RecvTimeoutError::Timeout) => false,
+        };
+        let now = Instant::now();
+        let cpu = cpu_seconds().unwrap_or(last_cpu);
+        let dt = now.duration_since(last_t).as_secs_f64();
+        if dt > 1e-3 {
+            let pct = 100.0 * (cpu - last_cpu) / dt;
+            let (gu, gm) = gpu.read();
+            if let Ok(mut s) = shared.lock() {
+                let stage = s.stage.clone();
+                s.trace.samples.push(Sample {
+                    t_s: now.duration_since(start).as_secs_f64(),
+                    cpu_pct: pct,
+                    cpu_pct_per_core: pct / n,
+                    rss_mb: rss_kb().unwrap_or(0) as f64 / 1024.0,
+                    gpu_util_pct: gu,
+                    gpu_mem_mb: gm,
+                    stage,
+                });
+            }
+        }
+        last_t = now;
+        last_cpu = cpu;
+        if finished {
+            break;
+        }
+    }
+}
+
+/// Write `resources.csv`, `resources.svg` and `resources.png` into `dir`.
+pub fn write_trace(trace: &Trace, dir: &Path) -> Result<Vec<PathBuf>, ArtifactError> {
+    let csv = dir.join("resources.csv");
+    write_atomic(&csv, trace.to_csv().as_bytes())?;
+    let fig = figure(trace);
+    let (svg, png) = fig.save(&dir.join("resources")).map_err(|source| ArtifactError::Io {
+        path: dir.join("resources.{svg,png}"),
+        source,
+    })?;
+    Ok(vec![csv, svg, png])
+}
+
+/// The article's figure: memory and CPU over time, stage boundaries marked.
+pub fn figure(trace: &Trace) -> super::plot::Figure {
+    use super::plot::{Color, Figure, Panel, Series, VLine};
+    let pts = |f: &dyn Fn(&Sample) -> f64| -> Vec<(f64, f64)> {
+        trace.samples.iter().map(|s| (s.t_s, f(s))).collect()
+    };
+    let vlines: Vec<VLine> = trace
+        .markers
+        .iter()
+        .map(|m| VLine {
+            x: m.t_s,
+            label: m.label.clone(),
+        })
+        .collect();
+    let mut mem = Panel::new("Resident memory", "time (s)", "RSS (MiB)")
+        .series(Series::line("RSS", Color::BLUE, pts(&|s| s.rss_mb)));
+    let mut cpu = Panel::new("CPU", "time (s)", "CPU (% of all cores)")
+        .series(Series::line("process CPU", Color::ORANGE, pts(&|s| s.cpu_pct_per_core)));
+    if trace.samples.iter().any(|s| s.gpu_util_pct.is_some()) {
+        cpu = cpu.series(Series::line(
+            "GPU util",
+            Color::GREEN,
+            pts(&|s| s.gpu_util_pct.unwrap_or(0.0)),
+        ));
+    }
+    cpu.y_range = Some((0.0, 100.0));
+    // Memory from zero, so a plateau reads as a plateau rather than as noise.
+    mem.y_range = Some((0.0, (trace.peak_rss_mb() * 1.15).max(1.0)));
+    for v in &vlines {
+        mem = mem.vline(v.x, v.label.clone());
+        cpu = cpu.vline(v.x, v.label.clone());
+    }
+    let median = trace.median_cpu_per_core().unwrap_or(0.0);
+    Figure {
+        title: format!(
+            "Resource trace: peak RSS {:.0} MiB, median CPU {:.0}% of {} cores",
+            trace.peak_rss_mb(),
+            median,
+            cores()
+        ),
+        width: 960,
+        height: 640,
+        panels: vec![mem, cpu],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_readings_are_sane() {
+        let rss = rss_kb().unwrap();
+        assert!(rss > 1000, "{rss} KiB");
+        let t0 = cpu_seconds().unwrap();
+        let mut x = 0u64;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(60) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        assert!(cpu_seconds().unwrap() >= t0, "{x}");
+    }
+
+    #[test]
+    fn monitor_samples_and_marks_stages() {
+        let m = Monitor::start(Duration::from_millis(20));
+        m.mark("mean");
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(80) {
+            std::hint::black_box(start.elapsed());
+        }
+        m.mark("variance");
+        std::thread::sleep(Duration::from_millis(50));
+        let t = m.stop();
+        assert!(t.samples.len() >= 3, "{}", t.samples.len());
+        assert_eq!(t.markers.len(), 2);
+        assert!(t.samples.iter().any(|s| s.stage == "variance"));
+        assert!(t.samples.windows(2).all(|w| w[0].t_s <= w[1].t_s));
+        let busy = t.samples.iter().filter(|s| s.stage == "mean").map(|s| s.cpu_pct).fold(0.0, f64::max);
+        assert!(busy > 20.0, "a spinning thread shows CPU use: {busy}");
+        let csv = t.to_csv();
+        assert_eq!(csv.lines().count(), t.samples.len() + 1);
+    }
+}
