@@ -15,6 +15,7 @@ pub mod observe;
 pub mod predict;
 pub mod rng;
 pub mod run;
+pub mod sweep;
 pub mod serve;
 pub mod train;
 pub mod util;

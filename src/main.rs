@@ -40,11 +40,40 @@ enum Command {
         /// The run directory stores the effective config.
         #[arg(long, value_name = "KEY=VALUE")]
         set: Vec<String>,
+        /// Run registry (SQLite); default `registry.path`, else `<export.dir>/runs.db`.
+        #[arg(long)]
+        registry: Option<PathBuf>,
     },
     /// Profile inference on fixed inputs, or compare two saved profiles.
     Profile {
         #[command(subcommand)]
         command: ProfileCommand,
+    },
+    /// Inspect the run registry: list, show, compare, report, regressions.
+    Runs {
+        /// Registry file (default: checkpoints/runs.db).
+        #[arg(long, global = true, default_value = "checkpoints/runs.db")]
+        registry: PathBuf,
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// Run a grid or list of configs in parallel into the registry and answer the
+    /// right-sizing question (the smallest model within a tolerance of the best).
+    Sweep {
+        /// The sweep file (see configs/sweep.yaml).
+        spec: PathBuf,
+        /// Registry (default: the base config's).
+        #[arg(long)]
+        registry: Option<PathBuf>,
+        /// Concurrent runs (overrides the file).
+        #[arg(long)]
+        parallel: Option<usize>,
+        /// Threads per run (overrides the file).
+        #[arg(long)]
+        threads_per_run: Option<usize>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
     },
     /// Print versions, backends, CPU/GPU and thread settings (the first thing to check).
     Doctor {
@@ -64,6 +93,65 @@ enum Command {
     },
     /// Predict mean and standard deviation per target for every row of a CSV file.
     Predict(PredictArgs),
+}
+
+#[derive(Subcommand)]
+enum RunsCommand {
+    /// One line per run.
+    List {
+        /// JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Everything about one run (id or unique prefix), with its epochs.
+    Show {
+        /// Run id or prefix.
+        id: String,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Metrics side by side and the config differences.
+    Compare {
+        /// Run A.
+        a: String,
+        /// Run B.
+        b: String,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Latency and validation loss against parameter count (PNG + SVG) and an HTML page.
+    Report {
+        /// Output directory.
+        #[arg(long, default_value = "checkpoints/report")]
+        out: PathBuf,
+        /// Latency at batch 1 or 128.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+    },
+    /// Flag runs whose latency is anomalous for their size; exit code 3 when any is found.
+    Regressions {
+        /// Latency at batch 1 or 128.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Flag at this multiple of the size peers' median latency.
+        #[arg(long, default_value_t = 1.5)]
+        ratio: f64,
+        /// Peers are runs within this relative distance in parameter count.
+        #[arg(long, default_value_t = 0.05)]
+        size_tolerance: f64,
+        /// Re-profile each flagged run and its peer on identical inputs and print the
+        /// operators that explain the gap.
+        #[arg(long)]
+        attribute: bool,
+        /// Where attribution profiles are written.
+        #[arg(long, default_value = "checkpoints/attribution")]
+        out: PathBuf,
+        /// JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -187,8 +275,10 @@ fn run(cli: Cli) -> CliResult {
             plain,
             quiet,
             set,
+            registry,
         } => cli::train::run(cli::train::TrainArgs {
             set: &set,
+            registry: registry.as_deref(),
             config: &config,
             resume: resume.as_deref(),
             progress: if quiet {
@@ -232,6 +322,49 @@ fn run(cli: Cli) -> CliResult {
             ProfileCommand::Diff { a, b, json } => cli::observe::profile_diff(&a, &b, json),
         },
         Command::Doctor { json } => cli::observe::doctor(json),
+        Command::Runs { registry, command } => match command {
+            RunsCommand::List { json } => cli::runs::list(&registry, json),
+            RunsCommand::Show { id, json } => cli::runs::show(&registry, &id, json),
+            RunsCommand::Compare { a, b, json } => cli::runs::compare(&registry, &a, &b, json),
+            RunsCommand::Report { out, batch } => {
+                cli::runs::LatencyBatch::from_batch(batch)
+                    .and_then(|w| cli::runs::report(&registry, &out, w))
+            }
+            RunsCommand::Regressions {
+                batch,
+                ratio,
+                size_tolerance,
+                attribute,
+                out,
+                json,
+            } => cli::runs::LatencyBatch::from_batch(batch).and_then(|which| {
+                cli::runs::regressions(&cli::runs::RegressionArgs {
+                    registry: &registry,
+                    which,
+                    attribute,
+                    json,
+                    rule: kiln::observe::analysis::RegressionRule {
+                        ratio,
+                        size_tolerance,
+                        min_peers: 2,
+                    },
+                    out,
+                })
+            }),
+        },
+        Command::Sweep {
+            spec,
+            registry,
+            parallel,
+            threads_per_run,
+            json,
+        } => cli::sweep::run(&cli::sweep::SweepArgs {
+            spec: &spec,
+            registry: registry.as_deref(),
+            parallel,
+            threads: threads_per_run,
+            json,
+        }),
         Command::Dataset { command } => match command {
             DatasetCommand::Baseball {
                 source,

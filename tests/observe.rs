@@ -46,6 +46,7 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     let run = RunDir::create(tmp.path(), "tiny").unwrap();
     std::fs::write(run.config_file(), &loaded.text).unwrap();
     let job = TrainJob {
+        hooks: None,
         config: &loaded,
         run: run.clone(),
         resume: false,

@@ -51,6 +51,7 @@ fn run_in_process(
     stop: Option<usize>,
 ) -> Trained<TrainCpu> {
     let job = TrainJob {
+        hooks: None,
         config: loaded,
         run: run.clone(),
         resume,

@@ -4,6 +4,8 @@ pub mod config;
 pub mod dataset;
 pub mod observe;
 pub mod predict;
+pub mod runs;
+pub mod sweep;
 pub mod train;
 
 /// An error with the process exit code it should produce.

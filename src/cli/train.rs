@@ -2,11 +2,18 @@
 
 use std::path::Path;
 
+use std::sync::Mutex;
+use std::time::Duration;
+
 use super::{CliError, CliResult};
-use crate::artifact::write_atomic;
-use crate::config::{self, CpuBackend, DeviceKind, LoadedConfig, Precision};
+use crate::artifact::{Checkpoint, write_atomic};
+use crate::config::{self, CpuBackend, DeviceKind, LoadedConfig, Loss, Precision};
+use crate::data::dataset::sha256_hex;
+use crate::observe::latency::{self, LatencyReport};
+use crate::observe::registry::{NewRun, Registry, RunEnd};
 use crate::run::RunDir;
-use crate::train::trainer::mark;
+use crate::train::state::EpochRecord;
+use crate::train::trainer::{TrainHooks, mark};
 use crate::train::{ProgressMode, TrainError, TrainJob, TrainOutcome, train};
 use crate::util;
 
@@ -18,6 +25,56 @@ pub struct TrainArgs<'a> {
     pub resume: Option<&'a Path>,
     /// Progress display.
     pub progress: ProgressMode,
+    /// `key.path=value` overrides.
+    pub set: &'a [String],
+    /// Registry file (overrides `registry.path`).
+    pub registry: Option<&'a Path>,
+}
+
+/// Records each epoch in the registry.
+struct RegistryHooks {
+    registry: Mutex<Registry>,
+}
+
+impl TrainHooks for RegistryHooks {
+    fn on_epoch(&self, run: &RunDir, record: &EpochRecord) {
+        if let Ok(reg) = self.registry.lock()
+            && let Err(e) = reg.log_epoch(&run.id, record)
+        {
+            tracing::warn!("run registry: {e}");
+        }
+    }
+}
+
+/// The environment stored with each run.
+pub fn environment(c: &crate::config::ExperimentConfig) -> serde_json::Value {
+    let d = crate::observe::doctor::report();
+    serde_json::json!({
+        "kiln": d.kiln_version,
+        "burn": d.burn_version,
+        "rustc": d.rustc,
+        "target": d.target,
+        "cpu": d.cpu_model,
+        "cores": d.logical_cores,
+        "rayon_threads": d.rayon_threads,
+        "thread_env": d.thread_env,
+        "device": c.device,
+        "backend": c.backend,
+        "precision": c.precision,
+        "features": d.features,
+    })
+}
+
+/// Load a config and apply `--set` overrides; the returned text is the effective config.
+pub fn load_with_overrides(path: &Path, set: &[String]) -> Result<LoadedConfig, CliError> {
+    let mut loaded = config::load(path).map_err(CliError::input)?;
+    if !set.is_empty() {
+        let (c, text) =
+            config::apply_overrides(&loaded.config, set, path).map_err(CliError::input)?;
+        loaded.config = c;
+        loaded.text = text;
+    }
+    Ok(loaded)
 }
 
 /// Run the training job on the backend the config selects.
@@ -59,7 +116,7 @@ pub fn dispatch(job: &TrainJob<'_>) -> Result<TrainOutcome, CliError> {
 
 /// `kiln train`.
 pub fn run(args: TrainArgs<'_>) -> CliResult {
-    let loaded: LoadedConfig = config::load(args.config).map_err(CliError::input)?;
+    let loaded = load_with_overrides(args.config, args.set)?;
     let started_at = util::rfc3339(util::unix_now());
     let run = match args.resume {
         Some(dir) => {
@@ -90,24 +147,127 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
         }
     };
     mark(&run, "running", None, &started_at)?;
+    let registry_path = args
+        .registry
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| loaded.config.registry_path());
+    let registry = Registry::open(&registry_path)?;
+    let reaped = registry.reap_stale()?;
+    if reaped > 0 {
+        tracing::warn!("run registry: marked {reaped} stale running run(s) as killed");
+    }
+    registry.start_run(&NewRun {
+        id: &run.id,
+        name: &loaded.config.name,
+        run_dir: &run.path,
+        config_text: &loaded.text,
+        config_sha256: &sha256_hex(loaded.text.as_bytes()),
+        started_at: &started_at,
+        environment: environment(&loaded.config),
+    })?;
+    let hooks = RegistryHooks {
+        registry: Mutex::new(registry),
+    };
+    let mlflow = crate::observe::mlflow::Mirror::from_env(&run, &loaded);
     let job = TrainJob {
+        hooks: Some(&hooks),
         config: &loaded,
         run: run.clone(),
         resume: args.resume.is_some(),
         progress: args.progress,
         stop_after_epochs: None,
     };
-    match dispatch(&job) {
-        Ok(outcome) => {
+    let result = dispatch(&job).and_then(|outcome| {
+        let latency = measure_latency(&outcome)?;
+        Ok((outcome, latency))
+    });
+    let registry = hooks.registry.into_inner().unwrap_or_else(|e| e.into_inner());
+    match result {
+        Ok((outcome, latency)) => {
+            let end = run_end(&loaded.config, &outcome, latency.as_ref());
+            registry.finish_run(&run.id, &end)?;
+            if let Some(m) = &mlflow {
+                m.finish(&registry.epochs(&run.id).unwrap_or_default(), &end);
+            }
             mark(&run, "finished", None, &started_at)?;
             print_summary(&outcome, args.progress == ProgressMode::Quiet);
+            if let Some(l) = &latency
+                && args.progress != ProgressMode::Quiet
+            {
+                for b in &l.batches {
+                    eprintln!(
+                        "latency ({}, batch {}): p50 {:.2} µs, p95 {:.2} µs, p99 {:.2} µs",
+                        l.engine, b.batch, b.p50_us, b.p95_us, b.p99_us
+                    );
+                }
+            }
             Ok(())
         }
         Err(e) => {
             let reason = format!("{:#}", e.error);
+            let end = RunEnd {
+                status: "failed".into(),
+                reason: Some(reason.clone()),
+                ..RunEnd::default()
+            };
+            if let Err(re) = registry.finish_run(&run.id, &end) {
+                tracing::warn!("run registry: {re}");
+            }
+            if let Some(m) = &mlflow {
+                m.finish(&registry.epochs(&run.id).unwrap_or_default(), &end);
+            }
             let _ = mark(&run, "failed", Some(reason), &started_at);
             Err(e)
         }
+    }
+}
+
+/// Benchmark the exported model on the serving engine (batch 1 and 128) and store the result
+/// in its manifest.
+fn measure_latency(outcome: &TrainOutcome) -> Result<Option<LatencyReport>, CliError> {
+    let Some(dir) = &outcome.export_dir else {
+        return Ok(None);
+    };
+    let ckpt = Checkpoint::load(dir)?;
+    let report = latency::measure(
+        &ckpt,
+        latency::serving_engine(),
+        &[1, 128],
+        2000,
+        Duration::from_millis(250),
+    )?;
+    let mut manifest = ckpt.manifest.clone();
+    manifest.latency = Some(serde_json::to_value(&report)?);
+    write_atomic(
+        &dir.join(crate::artifact::MANIFEST_FILE),
+        &serde_json::to_vec_pretty(&manifest)?,
+    )?;
+    Ok(Some(report))
+}
+
+/// The registry's end-of-run row.
+fn run_end(
+    c: &crate::config::ExperimentConfig,
+    o: &TrainOutcome,
+    latency: Option<&LatencyReport>,
+) -> RunEnd {
+    let val_metric = c
+        .stages
+        .iter()
+        .position(|s| s.loss == Loss::Mse)
+        .and_then(|i| o.stages.get(i))
+        .map(|s| s.best_val_loss);
+    RunEnd {
+        status: "finished".into(),
+        reason: None,
+        dataset_sha256: o.manifest.as_ref().map(|m| m.dataset.sha256.clone()),
+        param_count: Some(o.parameter_count as i64),
+        artifact_path: o.export_dir.as_ref().map(|d| d.display().to_string()),
+        final_metrics: o.manifest.as_ref().map(|m| m.metrics.clone()),
+        val_metric,
+        latency: latency.and_then(|l| serde_json::to_value(l).ok()),
+        latency_b1_p50_us: latency.and_then(|l| l.p50(1)),
+        latency_b128_p50_us: latency.and_then(|l| l.p50(128)),
     }
 }
 

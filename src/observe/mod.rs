@@ -3,6 +3,9 @@
 
 pub mod doctor;
 pub mod plot;
+pub mod analysis;
+pub mod latency;
+pub mod mlflow;
 pub mod profiler;
 pub mod registry;
 pub mod resources;

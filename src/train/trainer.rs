@@ -86,8 +86,17 @@ pub enum TrainError {
     },
 }
 
+/// Callbacks for observers of a run (the run registry, the MLflow mirror). Failures are the
+/// observer's to report; they never stop training.
+pub trait TrainHooks: Sync {
+    /// An epoch ended and its snapshot was written.
+    fn on_epoch(&self, _run: &RunDir, _record: &EpochRecord) {}
+}
+
 /// What a training run is asked to do.
 pub struct TrainJob<'a> {
+    /// Observers of the run.
+    pub hooks: Option<&'a dyn TrainHooks>,
     /// The experiment.
     pub config: &'a LoadedConfig,
     /// The run directory (fresh, or the one being resumed).
@@ -613,6 +622,9 @@ pub fn train<B: AutodiffBackend>(
             let mut line = serde_json::to_string(&record).expect("record serialises");
             line.push('\n');
             append(&epochs_path, line.as_bytes())?;
+            if let Some(h) = job.hooks {
+                h.on_epoch(run, &record);
+            }
             progress.history.push(record);
             progress.epoch += 1;
             epochs_done_here += 1;

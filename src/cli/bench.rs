@@ -1,0 +1,166 @@
+//! `kiln bench infer` and `kiln bench train`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args};
+
+use crate::artifact::Checkpoint;
+use crate::bench::{self, BenchError, InferBenchOptions, TrainBenchOptions};
+use crate::cli::{CliError, CliResult};
+use crate::infer::{InferError, REFERENCE_SEED, cpu_engine_names, reference_weights};
+
+/// Inference latency and throughput per engine and batch size.
+///
+/// Each setting is measured in-process: warm-up, then per-call wall times (calls under 5 µs
+/// timed in groups) over `--min-time` seconds split into interleaved rounds across engines.
+/// Prints one JSON line per setting with `--json`, else a table; when `burn` is among the
+/// engines every line carries the speedup over it measured in the same run.
+#[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("model").required(true).args(["checkpoint", "reference"])))]
+pub struct BenchInferArgs {
+    /// An export directory (or a run directory containing export/).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+    /// The reference network: 20 → 48 → 48 → (3 + 3), ReLU, 3,654 parameters, seeded weights.
+    #[arg(long)]
+    pub reference: bool,
+    /// Seed of the reference network's weights.
+    #[arg(long, default_value_t = REFERENCE_SEED, requires = "reference")]
+    pub seed: u64,
+    /// Engines, comma-separated (default: every CPU engine: burn, burn-ndarray, fused, int8).
+    #[arg(long, value_delimiter = ',', value_name = "E[,E2…]")]
+    pub engine: Vec<String>,
+    /// Rows per call, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,32,1024",
+        value_name = "N[,N2…]"
+    )]
+    pub batch: Vec<usize>,
+    /// Threads per call (the fused and int8 engines split batches of ≥ 2,048 rows).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// One JSON line per setting instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Minimum measured seconds per setting.
+    #[arg(long, default_value_t = 1.5, value_name = "SECONDS")]
+    pub min_time: f64,
+    /// Minimum samples per setting.
+    #[arg(long, default_value_t = 300)]
+    pub iters: usize,
+    /// Interleaved rounds over all settings.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+}
+
+/// Stage-1 training throughput of the reference network on a synthetic table.
+///
+/// Runs the real training loop (`kiln train`'s) once per worker count: 20 features, 3
+/// targets, 20 → 48 → 48 → 3 + 3, batch 128, AdamW, global clipping at 1.0, one epoch.
+#[derive(Debug, Clone, Args)]
+pub struct BenchTrainArgs {
+    /// Loader worker counts, comma-separated (one training run each).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0,1,2",
+        value_name = "W[,W2…]"
+    )]
+    pub workers: Vec<usize>,
+    /// Rows of the training split.
+    #[arg(long, default_value_t = 200_000)]
+    pub rows: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 128)]
+    pub batch_size: usize,
+    /// Epochs.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Seed of the synthetic table and the run.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// One JSON line per worker count instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn bench_error(e: BenchError) -> CliError {
+    match e {
+        BenchError::Infer(InferError::Unknown(..)) | BenchError::Invalid(_) => CliError::input(e),
+        other => other.into(),
+    }
+}
+
+/// `kiln bench infer`.
+pub fn infer(args: &BenchInferArgs) -> CliResult {
+    let weights = match (&args.checkpoint, args.reference) {
+        (Some(dir), _) => Checkpoint::load(dir).map_err(CliError::input)?.weights,
+        (None, _) => reference_weights(args.seed),
+    };
+    if !(args.min_time.is_finite() && args.min_time >= 0.0) {
+        return Err(CliError::input(anyhow::anyhow!(
+            "--min-time must be a non-negative number of seconds, got {}",
+            args.min_time
+        )));
+    }
+    let engines: Vec<String> = if args.engine.is_empty() {
+        cpu_engine_names().into_iter().map(String::from).collect()
+    } else {
+        args.engine.clone()
+    };
+    let opts = InferBenchOptions {
+        batches: args.batch.clone(),
+        threads: args.threads,
+        min_time: Duration::from_secs_f64(args.min_time),
+        min_samples: args.iters,
+        rounds: args.rounds,
+        ..InferBenchOptions::default()
+    };
+    let results = bench::run_infer(&weights, &engines, &opts).map_err(bench_error)?;
+    if args.json {
+        for r in &results {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    } else {
+        print!("{}", bench::format_table(&results));
+    }
+    Ok(())
+}
+
+/// `kiln bench train`.
+pub fn train(args: &BenchTrainArgs) -> CliResult {
+    let opts = TrainBenchOptions {
+        rows: args.rows,
+        workers: args.workers.clone(),
+        batch_size: args.batch_size,
+        epochs: args.epochs,
+        seed: args.seed,
+        ..TrainBenchOptions::default()
+    };
+    let results = bench::run_train(&opts).map_err(bench_error)?;
+    if args.json {
+        for r in &results {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    } else {
+        println!(
+            "{:>7} {:>14} {:>10} {:>10} {:>8} {:>8}",
+            "workers", "samples/s", "data wait", "rows", "steps", "wall s"
+        );
+        for r in &results {
+            println!(
+                "{:>7} {:>14.0} {:>9.1}% {:>10} {:>8} {:>8.1}",
+                r.workers,
+                r.samples_per_s,
+                r.data_wait_frac * 100.0,
+                r.train_rows,
+                r.steps,
+                r.wall_s
+            );
+        }
+    }
+    Ok(())
+}

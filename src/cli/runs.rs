@@ -1,0 +1,430 @@
+//! `kiln runs list | show | compare | report | regressions`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::{CliError, CliResult};
+use crate::artifact::write_atomic;
+use crate::config;
+use crate::observe::analysis::{self, Flagged, RegressionRule, RunPoint};
+use crate::observe::plot::{Color, Figure, Panel, Series};
+use crate::observe::registry::{Registry, RunRow};
+
+/// Which latency the analysis reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyBatch {
+    /// Batch-1 median.
+    One,
+    /// Batch-128 median.
+    OneTwentyEight,
+}
+
+impl LatencyBatch {
+    /// From a batch size given on the command line.
+    pub fn from_batch(b: usize) -> Result<Self, CliError> {
+        match b {
+            1 => Ok(Self::One),
+            128 => Ok(Self::OneTwentyEight),
+            other => Err(CliError::input(anyhow::anyhow!(
+                "--batch {other}: runs record latency at batch 1 and 128 only"
+            ))),
+        }
+    }
+
+    fn of(self, r: &RunRow) -> Option<f64> {
+        match self {
+            Self::One => r.latency_b1_p50_us,
+            Self::OneTwentyEight => r.latency_b128_p50_us,
+        }
+    }
+
+    fn batch(self) -> usize {
+        match self {
+            Self::One => 1,
+            Self::OneTwentyEight => 128,
+        }
+    }
+}
+
+fn open(path: &Path) -> Result<Registry, CliError> {
+    if !path.exists() {
+        return Err(CliError::input(anyhow::anyhow!(
+            "no run registry at {} (train a model first, or pass --registry)",
+            path.display()
+        )));
+    }
+    Ok(Registry::open(path)?)
+}
+
+fn short(v: Option<f64>, digits: usize) -> String {
+    v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into())
+}
+
+/// `kiln runs list`.
+pub fn list(registry: &Path, json: bool) -> CliResult {
+    let reg = open(registry)?;
+    reg.reap_stale()?;
+    let rows = reg.list()?;
+    if json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(&summary(r))?);
+        }
+        return Ok(());
+    }
+    println!(
+        "{:<40} {:<9} {:>7} {:>10} {:>9} {:>10} {:<20}",
+        "run", "status", "params", "val loss", "b1 µs", "b128 µs", "started"
+    );
+    for r in &rows {
+        println!(
+            "{:<40} {:<9} {:>7} {:>10} {:>9} {:>10} {:<20}",
+            r.id,
+            r.status,
+            r.param_count.map(|p| p.to_string()).unwrap_or_else(|| "—".into()),
+            short(r.val_metric, 5),
+            short(r.latency_b1_p50_us, 2),
+            short(r.latency_b128_p50_us, 1),
+            r.started_at
+        );
+    }
+    Ok(())
+}
+
+fn summary(r: &RunRow) -> serde_json::Value {
+    serde_json::json!({
+        "id": r.id, "name": r.name, "status": r.status, "reason": r.reason,
+        "started_at": r.started_at, "ended_at": r.ended_at, "param_count": r.param_count,
+        "val_metric": r.val_metric, "latency_b1_p50_us": r.latency_b1_p50_us,
+        "latency_b128_p50_us": r.latency_b128_p50_us, "artifact_path": r.artifact_path,
+        "git_commit": r.git_commit,
+    })
+}
+
+/// `kiln runs show ID`.
+pub fn show(registry: &Path, id: &str, json: bool) -> CliResult {
+    let reg = open(registry)?;
+    let r = reg.get(id).map_err(CliError::input)?;
+    let epochs = reg.epochs(&r.id)?;
+    if json {
+        let mut v = serde_json::to_value(&r)?;
+        v["epochs"] = serde_json::to_value(&epochs)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("run        {}", r.id);
+    println!("status     {}{}", r.status, r.reason.as_ref().map(|x| format!(" ({x})")).unwrap_or_default());
+    println!("started    {}  ended {}", r.started_at, r.ended_at.clone().unwrap_or_else(|| "—".into()));
+    println!("host/pid   {} / {}", r.host, r.pid);
+    println!("run dir    {}", r.run_dir);
+    println!("artifact   {}", r.artifact_path.clone().unwrap_or_else(|| "—".into()));
+    println!("git        {}", r.git_commit.clone().unwrap_or_else(|| "—".into()));
+    println!("config     sha256 {}", r.config_sha256);
+    println!("dataset    sha256 {}", r.dataset_sha256.clone().unwrap_or_else(|| "—".into()));
+    println!("params     {}", r.param_count.map(|p| p.to_string()).unwrap_or_else(|| "—".into()));
+    println!("val loss   {}", short(r.val_metric, 6));
+    if let Some(l) = &r.latency {
+        for b in l["batches"].as_array().into_iter().flatten() {
+            println!(
+                "latency    {} batch {}: p50 {:.2} µs  p95 {:.2} µs  p99 {:.2} µs",
+                l["engine"].as_str().unwrap_or("?"),
+                b["batch"],
+                b["p50_us"].as_f64().unwrap_or(f64::NAN),
+                b["p95_us"].as_f64().unwrap_or(f64::NAN),
+                b["p99_us"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    if let Some(env) = &r.environment {
+        println!("env        {env}");
+    }
+    println!(
+        "\n{:<10} {:>5} {:>7} {:>11} {:>11} {:>10} {:>9} {:>11} {:>7}",
+        "stage", "epoch", "steps", "train", "val", "lr", "|g| mean", "samples/s", "wait %"
+    );
+    for e in &epochs {
+        println!(
+            "{:<10} {:>5} {:>7} {:>11.5} {:>11.5} {:>10.2e} {:>9.3} {:>11.0} {:>6.1}%",
+            e.stage_name,
+            e.epoch + 1,
+            e.steps,
+            e.train_loss,
+            e.val_loss,
+            e.lr,
+            e.grad_norm_mean,
+            e.samples_per_s,
+            e.data_wait_frac * 100.0
+        );
+    }
+    Ok(())
+}
+
+fn config_value(r: &RunRow) -> serde_json::Value {
+    config::parse(&r.config_text, Path::new(&r.run_dir))
+        .ok()
+        .and_then(|c| serde_json::to_value(c).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// `kiln runs compare A B`.
+pub fn compare(registry: &Path, a: &str, b: &str, json: bool) -> CliResult {
+    let reg = open(registry)?;
+    let (ra, rb) = (reg.get(a).map_err(CliError::input)?, reg.get(b).map_err(CliError::input)?);
+    let diff = analysis::config_diff(&config_value(&ra), &config_value(&rb));
+    let metric = |r: &RunRow| {
+        [
+            ("params", r.param_count.map(|p| p as f64)),
+            ("val loss", r.val_metric),
+            ("latency b1 p50 µs", r.latency_b1_p50_us),
+            ("latency b128 p50 µs", r.latency_b128_p50_us),
+        ]
+    };
+    if json {
+        let v = serde_json::json!({
+            "a": summary(&ra),
+            "b": summary(&rb),
+            "config_diff": diff.iter().map(|(k, x, y)| serde_json::json!({"key": k, "a": x, "b": y})).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("A = {}\nB = {}\n", ra.id, rb.id);
+    println!("{:<22} {:>14} {:>14} {:>9}", "", "A", "B", "B/A");
+    for ((name, x), (_, y)) in metric(&ra).into_iter().zip(metric(&rb)) {
+        let ratio = match (x, y) {
+            (Some(x), Some(y)) if x != 0.0 => format!("{:.3}", y / x),
+            _ => "—".into(),
+        };
+        println!("{name:<22} {:>14} {:>14} {ratio:>9}", short(x, 4), short(y, 4));
+    }
+    println!("\nconfig differences:");
+    if diff.is_empty() {
+        println!("  (none)");
+    }
+    for (k, x, y) in diff {
+        println!("  {k}: {x} → {y}");
+    }
+    Ok(())
+}
+
+fn points(rows: &[RunRow], which: LatencyBatch) -> Vec<RunPoint> {
+    rows.iter()
+        .filter(|r| r.status == "finished")
+        .filter_map(|r| {
+            Some(RunPoint {
+                id: r.id.clone(),
+                params: r.param_count? as f64,
+                latency_us: which.of(r)?,
+            })
+        })
+        .collect()
+}
+
+/// `kiln runs report`: figures and an HTML page.
+pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
+    let reg = open(registry)?;
+    let rows = reg.list()?;
+    let pts = points(&rows, which);
+    let flagged = analysis::detect(&pts, &RegressionRule::default());
+    let is_flagged = |id: &str| flagged.iter().any(|f| f.id == id);
+    std::fs::create_dir_all(out)?;
+
+    let (normal, slow): (Vec<&RunPoint>, Vec<&RunPoint>) = pts.iter().partition(|p| !is_flagged(&p.id));
+    let lat = Figure::new(
+        format!(
+            "Median inference latency (batch {}) vs parameter count, {} runs",
+            which.batch(),
+            pts.len()
+        ),
+        960,
+        600,
+    )
+    .panel(
+        Panel::new("", "parameters", "p50 latency (µs)")
+            .series(Series::scatter("runs", Color::BLUE, normal.iter().map(|p| (p.params, p.latency_us)).collect()).radius(4.0))
+            .series(
+                Series::scatter("flagged regression", Color::RED, slow.iter().map(|p| (p.params, p.latency_us)).collect())
+                    .radius(5.0),
+            ),
+    );
+    let (lat_svg, lat_png) = lat.save(&out.join("latency_vs_params"))?;
+
+    let finished: Vec<&RunRow> = rows
+        .iter()
+        .filter(|r| r.status == "finished" && r.param_count.is_some() && r.val_metric.is_some())
+        .collect();
+    let mp: Vec<(f64, f64)> = finished
+        .iter()
+        .map(|r| (r.param_count.unwrap_or(0) as f64, r.val_metric.unwrap_or(f64::NAN)))
+        .collect();
+    let front = analysis::pareto_front(&mp);
+    let metric = Figure::new(
+        format!("Validation loss vs parameter count, {} runs (Pareto front marked)", mp.len()),
+        960,
+        600,
+    )
+    .panel(
+        Panel::new("", "parameters", "validation loss (stage 1, normalised MSE)")
+            .series(Series::scatter("runs", Color::BLUE, mp.clone()).radius(4.0))
+            .series(Series::step("Pareto front", Color::GREEN, front.iter().map(|&i| mp[i]).collect()))
+            .series(Series::scatter("", Color::GREEN, front.iter().map(|&i| mp[i]).collect()).radius(5.0)),
+    );
+    let (m_svg, m_png) = metric.save(&out.join("metric_vs_params"))?;
+
+    let mut html = String::new();
+    html.push_str("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>kiln runs report</title>\n<style>body{font-family:sans-serif;margin:24px}table{border-collapse:collapse}td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}tr.flag{background:#fde2e2}</style></head><body>\n");
+    let _ = writeln!(html, "<h1>kiln runs report</h1><p>{} runs in {}; {} flagged as latency regressions (≥ 1.5× the median of runs within ±5 % of their size).</p>", rows.len(), html_escape(&registry.display().to_string()), flagged.len());
+    for svg in [&lat_svg, &m_svg] {
+        let text = std::fs::read_to_string(svg)?;
+        html.push_str("<div>");
+        html.push_str(text.trim_start_matches(|c| c != '<').split_once("?>").map(|(_, b)| b).unwrap_or(&text));
+        html.push_str("</div>\n");
+    }
+    html.push_str("<table><tr><th>run</th><th>status</th><th>params</th><th>val loss</th><th>b1 p50 µs</th><th>b128 p50 µs</th><th>flag</th></tr>\n");
+    for r in &rows {
+        let f = is_flagged(&r.id);
+        let _ = writeln!(
+            html,
+            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            if f { " class=\"flag\"" } else { "" },
+            html_escape(&r.id),
+            html_escape(&r.status),
+            r.param_count.map(|p| p.to_string()).unwrap_or_default(),
+            short(r.val_metric, 5),
+            short(r.latency_b1_p50_us, 2),
+            short(r.latency_b128_p50_us, 1),
+            if f { "regression" } else { "" }
+        );
+    }
+    html.push_str("</table></body></html>\n");
+    let page = out.join("report.html");
+    write_atomic(&page, html.as_bytes())?;
+    for p in [&lat_svg, &lat_png, &m_svg, &m_png, &page] {
+        println!("{}", p.display());
+    }
+    Ok(())
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// Options of `kiln runs regressions`.
+pub struct RegressionArgs<'a> {
+    /// Registry file.
+    pub registry: &'a Path,
+    /// Latency batch size.
+    pub which: LatencyBatch,
+    /// Re-profile flagged runs and their peers.
+    pub attribute: bool,
+    /// JSON lines output.
+    pub json: bool,
+    /// The rule.
+    pub rule: RegressionRule,
+    /// Where attribution profiles go.
+    pub out: PathBuf,
+}
+
+/// `kiln runs regressions`: exit code 3 when any run is flagged.
+pub fn regressions(args: &RegressionArgs<'_>) -> CliResult {
+    let reg = open(args.registry)?;
+    let rows = reg.list()?;
+    let pts = points(&rows, args.which);
+    let flagged = analysis::detect(&pts, &args.rule);
+    let by_id = |id: &str| rows.iter().find(|r| r.id == id);
+    for f in &flagged {
+        let peer = f.nearest_normal_peer.as_deref().and_then(by_id);
+        let diff = match (by_id(&f.id), peer) {
+            (Some(a), Some(b)) => analysis::config_diff(&config_value(b), &config_value(a)),
+            _ => Vec::new(),
+        };
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "flagged": f,
+                    "config_diff_from_peer": diff.iter().map(|(k, x, y)| serde_json::json!({"key": k, "peer": x, "flagged": y})).collect::<Vec<_>>(),
+                })
+            );
+        } else {
+            print_flag(f, &diff);
+        }
+        if args.attribute
+            && let (Some(a), Some(b)) = (by_id(&f.id), peer)
+        {
+            attribute(a, b, args)?;
+        }
+    }
+    if !args.json {
+        eprintln!(
+            "{} run(s) with latency at batch {}; {} flagged (rule: ≥ {:.2}× the median of ≥ {} runs within ±{:.0}% of their parameter count)",
+            pts.len(),
+            args.which.batch(),
+            flagged.len(),
+            args.rule.ratio,
+            args.rule.min_peers,
+            args.rule.size_tolerance * 100.0
+        );
+    }
+    if flagged.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError {
+            code: 3,
+            error: anyhow::anyhow!("{} latency regression(s) found", flagged.len()),
+        })
+    }
+}
+
+fn print_flag(f: &Flagged, diff: &[(String, String, String)]) {
+    println!(
+        "REGRESSION {}: {:.2} µs at {:.0} parameters = {:.2}× the median ({:.2} µs) of {} runs of similar size",
+        f.id, f.latency_us, f.params, f.ratio, f.peer_median_us, f.peers
+    );
+    match &f.nearest_normal_peer {
+        Some(p) => {
+            println!("  nearest normal peer: {p}");
+            if diff.is_empty() {
+                println!("  config difference: none (same config — suspect the machine or build)");
+            }
+            for (k, x, y) in diff {
+                println!("  config difference: {k}: {x} (peer) → {y} (flagged)");
+            }
+        }
+        None => println!("  no unflagged peer of similar size"),
+    }
+}
+
+fn attribute(slow: &RunRow, peer: &RunRow, args: &RegressionArgs<'_>) -> CliResult {
+    let engine = slow
+        .latency
+        .as_ref()
+        .and_then(|l| l["engine"].as_str().map(String::from))
+        .unwrap_or_else(|| crate::observe::latency::serving_engine().into());
+    let mut tables = Vec::new();
+    for (label, r) in [("peer", peer), ("flagged", slow)] {
+        let Some(artifact) = &r.artifact_path else {
+            eprintln!("  cannot attribute: {} has no artifact", r.id);
+            return Ok(());
+        };
+        let o = super::observe::profile_infer_to(&super::observe::ProfileInferArgs {
+            checkpoint: Some(PathBuf::from(artifact)),
+            engine: engine.clone(),
+            batch: args.which.batch(),
+            iters: 2000,
+            warmup: 200,
+            threads: 1,
+            out: args.out.join(format!("{}-{label}", slow.id)),
+            seed: 0,
+            record_shapes: false,
+            profile_memory: false,
+            with_stack: false,
+        })?;
+        tables.push(o.averages);
+    }
+    let rows = crate::observe::profiler::diff(&tables[0], &tables[1]);
+    println!("  attribution ({engine}, batch {}, identical inputs; A = peer, B = flagged):", args.which.batch());
+    for line in crate::observe::profiler::diff_table(&rows).lines().take(12) {
+        println!("    {line}");
+    }
+    Ok(())
+}

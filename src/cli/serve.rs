@@ -1,0 +1,92 @@
+//! `kiln serve --repository DIR`: the Open Inference Protocol v2 server.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{CliError, CliResult};
+use crate::serve::{BatcherConfig, ServeConfig, ServeError};
+
+/// Serve the models of a repository over the Open Inference Protocol v2 (KServe / Triton
+/// REST, with Triton's binary tensor extension).
+///
+/// The repository holds `<model>/<version>/` directories, each an exported checkpoint (or a
+/// pick model's `pick.json`); the highest version of each model that loads is served. The
+/// repository is polled and reloaded on SIGHUP: a new version is loaded and warmed in the
+/// background and swapped in atomically; a broken one is rejected while the old one keeps
+/// serving. SIGTERM or SIGINT stops accepting connections, answers the requests in flight
+/// and exits 0. Metrics are at /metrics.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// The model repository: `<DIR>/<model>/<version>/`.
+    #[arg(long, value_name = "DIR")]
+    pub repository: PathBuf,
+    /// Address to bind (loopback unless told otherwise).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0: any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Inference engine for regression models (default: `fused` when built, else `burn`).
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Inference instances per model, each owning an engine.
+    #[arg(long, default_value_t = 2)]
+    pub instances: usize,
+    /// Threads per instance.
+    #[arg(long, default_value_t = 1)]
+    pub threads_per_instance: usize,
+    /// Most rows per batch (1 turns dynamic batching off).
+    #[arg(long, default_value_t = 64)]
+    pub max_batch_size: usize,
+    /// How long (µs) the oldest queued request may wait for a fuller batch.
+    #[arg(long, default_value_t = 100)]
+    pub max_queue_delay_us: u64,
+    /// Most requests queued per model; more are refused with 503 at once.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queue_size: usize,
+    /// Per-request deadline (queue + compute), milliseconds; past it the answer is 503.
+    #[arg(long, default_value_t = 10_000)]
+    pub request_timeout_ms: u64,
+    /// Repository poll interval in milliseconds (0: reload only on SIGHUP).
+    #[arg(long, default_value_t = 2_000)]
+    pub poll_interval_ms: u64,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+}
+
+impl ServeArgs {
+    /// The server config these flags describe.
+    pub fn config(&self) -> ServeConfig {
+        ServeConfig {
+            repository: self.repository.clone(),
+            host: self.host.clone(),
+            port: self.port,
+            engine: self.engine.clone(),
+            batcher: BatcherConfig {
+                max_batch_size: self.max_batch_size,
+                max_queue_delay: Duration::from_micros(self.max_queue_delay_us),
+                max_queue_size: self.max_queue_size,
+                instances: self.instances,
+                threads_per_instance: self.threads_per_instance,
+            },
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            poll_interval: (self.poll_interval_ms > 0)
+                .then(|| Duration::from_millis(self.poll_interval_ms)),
+            max_body_bytes: self.max_body_bytes,
+            signals: true,
+        }
+    }
+}
+
+/// Serve until SIGTERM/SIGINT.
+pub fn run(args: &ServeArgs) -> CliResult {
+    let repo = args.repository.display().to_string();
+    crate::serve::run_blocking(args.config(), |addr| {
+        eprintln!("kiln serve: {repo} on http://{addr} (Open Inference Protocol v2; metrics at /metrics)");
+    })
+    .map_err(|e| match e {
+        ServeError::Config(_) => CliError::input(e),
+        other => CliError::from(other),
+    })
+}

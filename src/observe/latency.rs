@@ -1,0 +1,125 @@
+//! Inference latency measured at the end of every training run, on the serving path (the
+//! checkpoint's normalisation around the serving engine), with fixed seeded inputs after
+//! warm-up — so runs can be compared with each other and regressions caught across runs.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::Checkpoint;
+use crate::infer::{InferError, build_engine, engine_names};
+use crate::predict::{Prediction, Predictor};
+use crate::rng::SplitMix64;
+
+/// Latency percentiles at one batch size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchLatency {
+    /// Rows per call.
+    pub batch: usize,
+    /// Timed calls.
+    pub iters: usize,
+    /// Median µs per call.
+    pub p50_us: f64,
+    /// 95th percentile µs.
+    pub p95_us: f64,
+    /// 99th percentile µs.
+    pub p99_us: f64,
+}
+
+/// Latency of one model on one engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatencyReport {
+    /// The engine measured.
+    pub engine: String,
+    /// One entry per batch size.
+    pub batches: Vec<BatchLatency>,
+}
+
+impl LatencyReport {
+    /// The median at `batch`, if measured.
+    pub fn p50(&self, batch: usize) -> Option<f64> {
+        self.batches.iter().find(|b| b.batch == batch).map(|b| b.p50_us)
+    }
+}
+
+/// The engine the serving tier uses by default (`fused` when built, else `burn`).
+pub fn serving_engine() -> &'static str {
+    if engine_names().contains(&"fused") {
+        "fused"
+    } else {
+        "burn"
+    }
+}
+
+/// The `q`-quantile (0–1) of sorted values (nearest rank).
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// Measure `ckpt` on `engine` at each batch size: `warmup` untimed calls, then timed calls
+/// until both `min_iters` calls and `min_time` have passed.
+pub fn measure(
+    ckpt: &Checkpoint,
+    engine: &str,
+    batches: &[usize],
+    min_iters: usize,
+    min_time: Duration,
+) -> Result<LatencyReport, InferError> {
+    let mut predictor = Predictor::for_checkpoint(ckpt, build_engine(engine, &ckpt.weights, 1)?);
+    let feats = &ckpt.manifest.features;
+    let mut out = Prediction {
+        mean: Vec::new(),
+        std: Vec::new(),
+    };
+    let mut results = Vec::new();
+    for &batch in batches {
+        let mut r = SplitMix64::derive(0x1a7e, &[batch as u64]);
+        let x: Vec<f32> = (0..batch)
+            .flat_map(|_| feats.iter().map(|f| (f.mean + f.std * r.normal()) as f32).collect::<Vec<_>>())
+            .collect();
+        for _ in 0..(min_iters / 4).max(20) {
+            predictor.predict_into(&x, batch, &mut out)?;
+        }
+        let mut times = Vec::with_capacity(min_iters);
+        let start = Instant::now();
+        while times.len() < min_iters || start.elapsed() < min_time {
+            let t = Instant::now();
+            predictor.predict_into(&x, batch, &mut out)?;
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+            if times.len() >= 2_000_000 {
+                break;
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        results.push(BatchLatency {
+            batch,
+            iters: times.len(),
+            p50_us: quantile(&times, 0.50),
+            p95_us: quantile(&times, 0.95),
+            p99_us: quantile(&times, 0.99),
+        });
+    }
+    Ok(LatencyReport {
+        engine: engine.to_string(),
+        batches: results,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), 50.0);
+        assert_eq!(quantile(&v, 0.99), 99.0);
+        assert_eq!(quantile(&v, 1.0), 100.0);
+        assert_eq!(quantile(&[7.0], 0.5), 7.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}
