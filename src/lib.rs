@@ -12,6 +12,7 @@ pub mod data;
 pub mod infer;
 pub mod model;
 pub mod observe;
+pub mod pick;
 pub mod predict;
 pub mod rng;
 pub mod run;

@@ -93,6 +93,29 @@ enum Command {
     },
     /// Predict mean and standard deviation per target for every row of a CSV file.
     Predict(PredictArgs),
+    /// P(all legs of a pick hit) from a checkpoint's predictions and residual correlation.
+    Pick(cli::pick::PickArgs),
+    /// Multivariate-normal box probabilities for JSON-lines queries (Halton / Genz).
+    Mvn(cli::mvn::MvnArgs),
+    /// Benchmarks with JSON output: inference engines, training throughput, the MVN estimator.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+    /// Serve a model repository over the Open Inference Protocol (KServe v2 / Triton REST).
+    Serve(cli::serve::ServeArgs),
+    /// Load-test a kiln (or any OIP v2) server on loopback.
+    Loadtest(cli::loadtest::LoadtestArgs),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Inference latency and throughput per engine and batch size.
+    Infer(cli::bench::BenchInferArgs),
+    /// Stage-1 training samples/s for the reference network on synthetic data.
+    Train(cli::bench::BenchTrainArgs),
+    /// The MVN estimator's throughput and error on closed-form cases.
+    Mvn(cli::mvn::MvnBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -396,6 +419,15 @@ fn run(cli: Cli) -> CliResult {
             ),
         },
         Command::Predict(a) => cli::predict::run(&a.checkpoint, &a.input, a.output.as_deref()),
+        Command::Pick(a) => cli::pick::run(&a),
+        Command::Mvn(a) => cli::mvn::run(&a).map_err(cli::CliError::input),
+        Command::Bench { command } => match command {
+            BenchCommand::Infer(a) => cli::bench::infer(&a),
+            BenchCommand::Train(a) => cli::bench::train(&a),
+            BenchCommand::Mvn(a) => cli::mvn::run_bench(&a).map_err(cli::CliError::input),
+        },
+        Command::Serve(a) => cli::serve::run(&a),
+        Command::Loadtest(a) => cli::loadtest::run(&a),
     }
 }
 

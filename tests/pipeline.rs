@@ -86,6 +86,7 @@ fn train_export_load_predict_round_trip() {
     assert_eq!(manifest.burn_version, "0.21.0");
     assert_eq!(manifest.residual_correlation.len(), 3);
     assert_eq!(manifest.dataset.sha256.len(), 64);
+    assert_eq!(manifest.metrics["int8_test_delta"]["targets"].as_array().unwrap().len(), 3, "int8 accuracy change is stored");
     // No temporary directories are left beside the export.
     let leftovers: Vec<_> = std::fs::read_dir(&run.path)
         .unwrap()

@@ -1,10 +1,15 @@
 //! Command implementations: one function per subcommand, called from `main.rs`.
 
+pub mod bench;
 pub mod config;
 pub mod dataset;
+pub mod loadtest;
+pub mod mvn;
 pub mod observe;
+pub mod pick;
 pub mod predict;
 pub mod runs;
+pub mod serve;
 pub mod sweep;
 pub mod train;
 
