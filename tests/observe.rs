@@ -5,12 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use kiln::backend::TrainCpu;
 use kiln::cli::observe::{ProfileInferArgs, profile_infer_to};
 use kiln::config;
 use kiln::observe::profiler::{KeyAverages, diff};
-use kiln::run::RunDir;
-use kiln::train::{ProgressMode, TrainJob, train};
+use kiln::train::train_cpu;
 
 /// The profiler is process-wide: tests that record take turns.
 static PROFILER: Mutex<()> = Mutex::new(());
@@ -43,17 +41,8 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     loaded.config = c;
     loaded.text = text;
     loaded.config.export.dir = tmp.path().to_path_buf();
-    let run = RunDir::create(tmp.path(), "tiny").unwrap();
-    std::fs::write(run.config_file(), &loaded.text).unwrap();
-    let job = TrainJob {
-        hooks: None,
-        config: &loaded,
-        run: run.clone(),
-        resume: false,
-        progress: ProgressMode::Quiet,
-        stop_after_epochs: None,
-    };
-    let out = train::<TrainCpu>(&job, &Default::default()).unwrap().outcome;
+    let out = train_cpu(&loaded, tmp.path()).unwrap().outcome;
+    let run = out.run.clone();
 
     // Chrome trace: complete events, module paths, the step's phases, steps 3..=5 only.
     let ev = events(&run.path.join("profile/trace.json"));

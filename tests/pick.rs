@@ -3,10 +3,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use kiln::backend::TrainCpu;
 use kiln::config;
-use kiln::run::RunDir;
-use kiln::train::{ProgressMode, TrainJob, train};
+use kiln::train::train_cpu;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -31,17 +29,7 @@ fn pick_probabilities_from_a_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let mut loaded = config::load(&root().join("configs/tiny.yaml")).unwrap();
     loaded.config.export.dir = tmp.path().to_path_buf();
-    let run = RunDir::create(tmp.path(), "tiny").unwrap();
-    std::fs::write(run.config_file(), &loaded.text).unwrap();
-    let job = TrainJob {
-        hooks: None,
-        config: &loaded,
-        run,
-        resume: false,
-        progress: ProgressMode::Quiet,
-        stop_after_epochs: None,
-    };
-    let export = train::<TrainCpu>(&job, &Default::default()).unwrap().outcome.export_dir.unwrap();
+    let export = train_cpu(&loaded, tmp.path()).unwrap().outcome.export_dir.unwrap();
     let ckpt = export.to_str().unwrap();
     let legs = tmp.path().join("legs.csv");
     std::fs::write(

@@ -3,12 +3,32 @@
 //! An engine runs the network on normalised feature rows and returns both heads in
 //! normalised units; [`crate::predict::Predictor`] adds the manifest's normalisation around
 //! it. Engines own their scratch space (`&mut self`), so a serving instance owns one engine.
+//!
+//! | name | what | agreement with `burn` (tested in `tests/engines.rs`) |
+//! |---|---|---|
+//! | `burn`, `burn-ndarray` | the Burn module, no autodiff, Flex / NdArray | — |
+//! | `fused` | [`FusedEngine`]: compiled once into an allocation-free plan; register-blocked AVX-512 / AVX2 / portable kernels | ≤ 1e-5 absolute |
+//! | `int8` | [`Int8Engine`]: int8 weights per channel, int8 activations per row, i32 dot products (AVX-512 VNNI) | `int8::INT8_ABS_TOL` + `int8::INT8_REL_TOL` × abs(y) |
+//! | `cuda-bf16`, `cuda-f32` | `cuda::CudaEngine` (feature `cuda`): Burn's CUDA backend, every batch bucket warmed up at build | ≤ 1e-2 relative |
+//!
+//! Build one by name with [`build_engine`]; [`reference_weights`] gives the benchmarks'
+//! reference network.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::artifact::HostWeights;
 use crate::model::{RegressionNet, RegressionNetConfig};
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod fused;
+pub mod int8;
+pub mod simd;
+
+pub use fused::FusedEngine;
+pub use int8::{Int8AccuracyReport, Int8Engine, int8_accuracy_on, int8_accuracy_report};
+pub use simd::Isa;
 
 /// Errors from an inference engine.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +54,9 @@ pub enum InferError {
     /// An unknown engine name.
     #[error("unknown engine {0:?} (expected one of: {1})")]
     Unknown(String, String),
+    /// The weights do not match their architecture (layer count or shapes).
+    #[error("invalid weights: {0}")]
+    InvalidWeights(String),
 }
 
 /// Both heads for a batch, normalised units, row-major `rows × k`.
@@ -53,6 +76,24 @@ pub trait Engine: Send {
     fn arch(&self) -> &RegressionNetConfig;
     /// Run `rows` normalised rows `x` (`rows × n_features`) into `out` (resized as needed).
     fn forward(&mut self, x: &[f32], rows: usize, out: &mut HeadOutput) -> Result<(), InferError>;
+    /// Threads a call may use (1 unless the engine was built with more).
+    fn threads(&self) -> usize {
+        1
+    }
+    /// Run each batch size once on zeros, so that buffers are sized, caches and (on a GPU)
+    /// kernels compiled before the first request. Engines that warm up at build time
+    /// (`cuda-*`) already have; calling it again is harmless.
+    fn warm_up(&mut self, batch_sizes: &[usize]) -> Result<(), InferError> {
+        let nf = self.arch().n_features;
+        let mut out = HeadOutput::default();
+        let mut x = Vec::new();
+        for &rows in batch_sizes {
+            x.clear();
+            x.resize(rows * nf, 0.0);
+            self.forward(&x, rows, &mut out)?;
+        }
+        Ok(())
+    }
 }
 
 /// Check an input's length.
@@ -129,19 +170,35 @@ impl<B: Backend> Engine for BurnEngine<B> {
     }
 }
 
-/// Engine names this build knows.
+/// Engine names this build knows: the CPU engines, then (with the `cuda` feature) the
+/// CUDA ones. A name listed here may still be unavailable on this machine (no GPU).
 pub fn engine_names() -> Vec<&'static str> {
-    vec!["burn", "burn-ndarray"]
+    let mut v = cpu_engine_names();
+    if cfg!(feature = "cuda") {
+        v.extend(["cuda-bf16", "cuda-f32"]);
+    }
+    v
+}
+
+/// The CPU engines (the default set of `kiln bench infer`).
+pub fn cpu_engine_names() -> Vec<&'static str> {
+    vec!["burn", "burn-ndarray", "fused", "int8"]
 }
 
 /// Build an engine by name for `weights`, using at most `threads` threads per call
-/// (0 = the engine's default).
+/// (0 = the engine's default: one thread for the CPU engines).
+///
+/// * `burn`, `burn-ndarray`: the Burn module without autodiff on Flex / NdArray (Burn's
+///   backends manage their own threads; `threads` is ignored);
+/// * `fused`: [`FusedEngine`], the compiled f32 plan (≤ 1e-5 absolute of `burn`);
+/// * `int8`: [`Int8Engine`], per-channel int8 weights, per-row dynamic int8 activations;
+/// * `cuda-bf16`, `cuda-f32` (feature `cuda`): Burn's CUDA backend, warmed up at build for
+///   every batch bucket; [`InferError::Unavailable`] without a usable GPU.
 pub fn build_engine(
     name: &str,
     weights: &HostWeights,
     threads: usize,
 ) -> Result<Box<dyn Engine>, InferError> {
-    let _ = threads;
     match name {
         "burn" => Ok(Box::new(BurnEngine::<crate::backend::Cpu>::new(
             weights,
@@ -153,9 +210,39 @@ pub fn build_engine(
             Default::default(),
             "burn-ndarray",
         ))),
+        "fused" => Ok(Box::new(FusedEngine::new(weights, threads)?)),
+        "int8" => Ok(Box::new(Int8Engine::new(weights, threads)?)),
+        #[cfg(feature = "cuda")]
+        "cuda-bf16" => Ok(Box::new(cuda::CudaEngine::<crate::backend::CudaBf16>::new(
+            weights,
+            "cuda-bf16",
+        )?)),
+        #[cfg(feature = "cuda")]
+        "cuda-f32" => Ok(Box::new(cuda::CudaEngine::<crate::backend::CudaF32>::new(
+            weights, "cuda-f32",
+        )?)),
+        #[cfg(not(feature = "cuda"))]
+        "cuda-bf16" | "cuda-f32" => Err(InferError::Unavailable {
+            engine: name.to_string(),
+            reason: crate::backend::cuda_probe().unwrap_err(),
+        }),
         other => Err(InferError::Unknown(
             other.to_string(),
             engine_names().join(", "),
         )),
     }
 }
+
+/// Seeded weights for `arch` (PyTorch's `nn.Linear` initialisation through kiln's generator).
+pub fn seeded_weights(arch: &RegressionNetConfig, seed: u64) -> HostWeights {
+    HostWeights::from_model(&arch.init::<crate::backend::Cpu>(seed, &Default::default()))
+}
+
+/// The reference network of the benchmarks ([`RegressionNetConfig::reference`]: 20 → 48 → 48
+/// → (3 + 3), ReLU, 3,654 parameters) with seeded weights.
+pub fn reference_weights(seed: u64) -> HostWeights {
+    seeded_weights(&RegressionNetConfig::reference(), seed)
+}
+
+/// The seed `--reference` uses.
+pub const REFERENCE_SEED: u64 = 2024;

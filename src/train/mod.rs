@@ -9,4 +9,4 @@ pub mod state;
 pub mod trainer;
 
 pub use progress::ProgressMode;
-pub use trainer::{TrainError, TrainJob, TrainOutcome, Trained, train};
+pub use trainer::{TrainError, TrainJob, TrainOutcome, Trained, train, train_cpu};

@@ -794,6 +794,26 @@ pub fn train<B: AutodiffBackend>(
     })
 }
 
+/// Train `loaded` on the default CPU backend (flex) in a fresh run directory under `root`,
+/// quietly and without observers: the embedding entry point used by tests and benchmarks.
+pub fn train_cpu(
+    loaded: &LoadedConfig,
+    root: &std::path::Path,
+) -> Result<Trained<crate::backend::TrainCpu>, TrainError> {
+    let run = RunDir::create(root, &loaded.config.name).map_err(io_err(root))?;
+    let cfg = run.config_file();
+    crate::artifact::write_atomic(&cfg, loaded.text.as_bytes())?;
+    let job = TrainJob {
+        hooks: None,
+        config: loaded,
+        run,
+        resume: false,
+        progress: ProgressMode::Quiet,
+        stop_after_epochs: None,
+    };
+    train::<crate::backend::TrainCpu>(&job, &Default::default())
+}
+
 /// The loader's epoch label: distinct for every (stage, epoch).
 fn epoch_label(stage: usize, epoch: usize) -> u64 {
     ((stage as u64) << 32) | epoch as u64
