@@ -16,8 +16,8 @@ pub mod pick;
 pub mod predict;
 pub mod rng;
 pub mod run;
-pub mod sweep;
 pub mod serve;
+pub mod sweep;
 pub mod train;
 pub mod util;
 

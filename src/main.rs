@@ -288,6 +288,10 @@ struct PredictArgs {
     /// Output CSV (stdout when absent). Written atomically.
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Inference engine: `burn` (the Burn module itself, bit-exact with training) or one of
+    /// the serving engines (`fused`, `int8`, …; `fused` agrees within 1e-5).
+    #[arg(long, default_value = "burn")]
+    engine: String,
 }
 
 fn run(cli: Cli) -> CliResult {
@@ -349,10 +353,8 @@ fn run(cli: Cli) -> CliResult {
             RunsCommand::List { json } => cli::runs::list(&registry, json),
             RunsCommand::Show { id, json } => cli::runs::show(&registry, &id, json),
             RunsCommand::Compare { a, b, json } => cli::runs::compare(&registry, &a, &b, json),
-            RunsCommand::Report { out, batch } => {
-                cli::runs::LatencyBatch::from_batch(batch)
-                    .and_then(|w| cli::runs::report(&registry, &out, w))
-            }
+            RunsCommand::Report { out, batch } => cli::runs::LatencyBatch::from_batch(batch)
+                .and_then(|w| cli::runs::report(&registry, &out, w)),
             RunsCommand::Regressions {
                 batch,
                 ratio,
@@ -418,7 +420,9 @@ fn run(cli: Cli) -> CliResult {
                 },
             ),
         },
-        Command::Predict(a) => cli::predict::run(&a.checkpoint, &a.input, a.output.as_deref()),
+        Command::Predict(a) => {
+            cli::predict::run(&a.checkpoint, &a.input, a.output.as_deref(), &a.engine)
+        }
         Command::Pick(a) => cli::pick::run(&a),
         Command::Mvn(a) => cli::mvn::run(&a).map_err(cli::CliError::input),
         Command::Bench { command } => match command {

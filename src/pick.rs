@@ -58,17 +58,25 @@ pub fn correlation(manifest: &Manifest, cross_row: Option<Vec<f64>>) -> PickCorr
     let k = manifest.targets.len();
     PickCorrelation {
         targets: k,
-        target_corr: manifest.residual_correlation.iter().flatten().copied().collect(),
+        target_corr: manifest
+            .residual_correlation
+            .iter()
+            .flatten()
+            .copied()
+            .collect(),
         cross_row_corr: cross_row,
     }
 }
+
+/// Feature rows by key (raw values, manifest order).
+pub type Rows = BTreeMap<String, Vec<f32>>;
 
 /// Evaluate picks. `rows` maps a row key to its raw feature values (manifest order).
 pub fn evaluate(
     predictor: &mut Predictor,
     mvn: &HaltonMvnCdf<crate::backend::Cpu>,
     corr: &PickCorrelation,
-    rows: &BTreeMap<String, Vec<f32>>,
+    rows: &Rows,
     legs: &[LegSpec],
 ) -> Result<Vec<(String, PickResult)>, PickError> {
     // Predict each distinct row once.
@@ -114,9 +122,13 @@ pub fn read_legs(
     path: &Path,
     manifest: &Manifest,
     key: &[String],
-) -> Result<(Vec<LegSpec>, BTreeMap<String, Vec<f32>>), PickError> {
+) -> Result<(Vec<LegSpec>, Rows), PickError> {
     let t = CsvTable::read(path)?;
-    let (ti, li, si) = (t.column_index("target")?, t.column_index("line")?, t.column_index("side")?);
+    let (ti, li, si) = (
+        t.column_index("target")?,
+        t.column_index("line")?,
+        t.column_index("side")?,
+    );
     let pi = t.header.iter().position(|h| h == "pick");
     let targets = manifest.target_names();
     let features = manifest.feature_names();
@@ -124,9 +136,15 @@ pub fn read_legs(
     let key_idx: Vec<usize> = if inline {
         Vec::new()
     } else {
-        key.iter().map(|k| t.column_index(k)).collect::<Result<_, _>>()?
+        key.iter()
+            .map(|k| t.column_index(k))
+            .collect::<Result<_, _>>()?
     };
-    let x = if inline { t.numeric_matrix(&features)? } else { Vec::new() };
+    let x = if inline {
+        t.numeric_matrix(&features)?
+    } else {
+        Vec::new()
+    };
     let mut legs = Vec::new();
     let mut rows = BTreeMap::new();
     for (i, (row, &line)) in t.rows.iter().zip(&t.lines).enumerate() {
@@ -148,10 +166,17 @@ pub fn read_legs(
             .map_err(|e: String| bad(format!("column `side`: {e}")))?;
         let key = if inline {
             let k = format!("line {line}");
-            rows.insert(k.clone(), x[i * features.len()..(i + 1) * features.len()].to_vec());
+            rows.insert(
+                k.clone(),
+                x[i * features.len()..(i + 1) * features.len()].to_vec(),
+            );
             k
         } else {
-            key_idx.iter().map(|&j| row[j].as_str()).collect::<Vec<_>>().join(":")
+            key_idx
+                .iter()
+                .map(|&j| row[j].as_str())
+                .collect::<Vec<_>>()
+                .join(":")
         };
         legs.push(LegSpec {
             pick: pi.map(|p| row[p].clone()).unwrap_or_else(|| "pick".into()),
@@ -177,14 +202,24 @@ pub fn read_rows(
     manifest: &Manifest,
     key: &[String],
     wanted: &[&String],
-) -> Result<BTreeMap<String, Vec<f32>>, PickError> {
+) -> Result<Rows, PickError> {
     let t = CsvTable::read(path)?;
-    let key_idx: Vec<usize> = key.iter().map(|k| t.column_index(k)).collect::<Result<_, _>>()?;
+    let key_idx: Vec<usize> = key
+        .iter()
+        .map(|k| t.column_index(k))
+        .collect::<Result<_, _>>()?;
     let features = manifest.feature_names();
-    let f_idx: Vec<usize> = features.iter().map(|f| t.column_index(f)).collect::<Result<_, _>>()?;
+    let f_idx: Vec<usize> = features
+        .iter()
+        .map(|f| t.column_index(f))
+        .collect::<Result<_, _>>()?;
     let mut rows = BTreeMap::new();
     for (row, &line) in t.rows.iter().zip(&t.lines) {
-        let k = key_idx.iter().map(|&j| row[j].as_str()).collect::<Vec<_>>().join(":");
+        let k = key_idx
+            .iter()
+            .map(|&j| row[j].as_str())
+            .collect::<Vec<_>>()
+            .join(":");
         if wanted.iter().any(|w| **w == k) {
             let v = f_idx
                 .iter()

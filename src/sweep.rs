@@ -62,23 +62,36 @@ impl SweepSpec {
             path: path.to_path_buf(),
             source,
         })?;
-        let spec: SweepSpec = serde_saphyr::from_str(&text).map_err(|e| crate::config::yaml_error(&e, path))?;
+        let spec: SweepSpec =
+            serde_saphyr::from_str(&text).map_err(|e| crate::config::yaml_error(&e, path))?;
         let bad = |key: &str, message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
             key: key.into(),
             message,
         };
         if spec.parallel == 0 || spec.parallel > 256 {
-            return Err(bad("parallel", format!("expected 1..=256, got {}", spec.parallel)));
+            return Err(bad(
+                "parallel",
+                format!("expected 1..=256, got {}", spec.parallel),
+            ));
         }
         if spec.threads_per_run == 0 || spec.threads_per_run > 1024 {
-            return Err(bad("threads_per_run", format!("expected 1..=1024, got {}", spec.threads_per_run)));
+            return Err(bad(
+                "threads_per_run",
+                format!("expected 1..=1024, got {}", spec.threads_per_run),
+            ));
         }
         if !(spec.tolerance.is_finite() && spec.tolerance >= 0.0) {
-            return Err(bad("tolerance", format!("expected ≥ 0, got {}", spec.tolerance)));
+            return Err(bad(
+                "tolerance",
+                format!("expected ≥ 0, got {}", spec.tolerance),
+            ));
         }
         if let Some((k, _)) = spec.grid.iter().find(|(_, v)| v.is_empty()) {
-            return Err(bad(&format!("grid.{k}"), "expected at least one value".into()));
+            return Err(bad(
+                &format!("grid.{k}"),
+                "expected at least one value".into(),
+            ));
         }
         if spec.grid.is_empty() && spec.list.is_empty() {
             return Err(bad("grid", "a sweep needs a grid or a list of runs".into()));
@@ -143,7 +156,11 @@ list:
         assert_eq!(runs.len(), 3 * 2 + 1);
         assert_eq!(
             runs[0],
-            vec!["stages[0].epochs=1", "model.activation=\"gelu\"", "model.hidden=[8]"]
+            vec![
+                "stages[0].epochs=1",
+                "model.activation=\"gelu\"",
+                "model.hidden=[8]"
+            ]
         );
         assert_eq!(runs[1][2], "model.hidden=[16,16]");
         assert_eq!(runs[3][1], "model.activation=\"relu\"");
@@ -159,10 +176,25 @@ list:
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s.yaml");
         std::fs::write(&p, "base: x.yaml\nparallel: 0\ngrid: {seed: [1]}\n").unwrap();
-        assert!(SweepSpec::load(&p).unwrap_err().to_string().contains("`parallel`"));
+        assert!(
+            SweepSpec::load(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("`parallel`")
+        );
         std::fs::write(&p, "base: x.yaml\ngrid: {seed: []}\n").unwrap();
-        assert!(SweepSpec::load(&p).unwrap_err().to_string().contains("grid.seed"));
+        assert!(
+            SweepSpec::load(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("grid.seed")
+        );
         std::fs::write(&p, "base: x.yaml\ngrdi: {seed: [1]}\n").unwrap();
-        assert!(SweepSpec::load(&p).unwrap_err().to_string().contains("grdi"));
+        assert!(
+            SweepSpec::load(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("grdi")
+        );
     }
 }

@@ -18,7 +18,8 @@ fn root() -> PathBuf {
 }
 
 fn events(trace: &Path) -> Vec<serde_json::Value> {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trace).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(trace).unwrap()).unwrap();
     v["traceEvents"].as_array().unwrap().clone()
 }
 
@@ -65,7 +66,10 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
     assert_eq!(names.iter().filter(|n| **n == "train_step").count(), 3);
-    let mut steps: Vec<u64> = ev.iter().map(|e| e["args"]["step"].as_u64().unwrap()).collect();
+    let mut steps: Vec<u64> = ev
+        .iter()
+        .map(|e| e["args"]["step"].as_u64().unwrap())
+        .collect();
     steps.sort();
     steps.dedup();
     assert_eq!(steps, vec![3, 4, 5]);
@@ -73,9 +77,17 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
         assert_eq!(e["ph"], "X");
         assert!(e["dur"].as_f64().unwrap() >= 0.0);
     }
-    let module = ev.iter().find(|e| e["name"] == "RegressionNet/backbone/0").unwrap();
+    let module = ev
+        .iter()
+        .find(|e| e["name"] == "RegressionNet/backbone/0")
+        .unwrap();
     assert_eq!(module["args"]["shape"], "[64, 10]");
-    assert!(module["args"]["source"].as_str().unwrap().contains("regression.rs:"));
+    assert!(
+        module["args"]["source"]
+            .as_str()
+            .unwrap()
+            .contains("regression.rs:")
+    );
     assert!(module["args"]["rss_delta_kb"].is_string());
     // Children lie within their parents: every module span inside a forward span.
     let within = |c: &serde_json::Value, p: &serde_json::Value| {
@@ -83,7 +95,10 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
         let (ps, pd) = (p["ts"].as_f64().unwrap(), p["dur"].as_f64().unwrap());
         c["tid"] == p["tid"] && cs >= ps - 1e-3 && cs + cd <= ps + pd + 1e-3
     };
-    for m in ev.iter().filter(|e| e["name"] == "RegressionNet/backbone/0") {
+    for m in ev
+        .iter()
+        .filter(|e| e["name"] == "RegressionNet/backbone/0")
+    {
         assert!(ev.iter().any(|f| f["name"] == "forward" && within(m, f)));
     }
     // The table: totals add up.
@@ -92,15 +107,36 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     for r in &t.rows {
         assert!(r.self_us <= r.total_us + 1e-6, "{r:?}");
     }
-    let total = |n: &str| -> f64 { t.rows.iter().filter(|r| r.name == n).map(|r| r.total_us).sum() };
+    let total = |n: &str| -> f64 {
+        t.rows
+            .iter()
+            .filter(|r| r.name == n)
+            .map(|r| r.total_us)
+            .sum()
+    };
     let step = total("train_step");
-    let phases: f64 = ["data_wait", "h2d", "forward", "loss", "backward", "clip", "optimizer_step"]
-        .iter()
-        .map(|n| total(n))
-        .sum();
-    assert!(phases <= step + 1e-3 && phases > 0.5 * step, "phases {phases} vs step {step}");
+    let phases: f64 = [
+        "data_wait",
+        "h2d",
+        "forward",
+        "loss",
+        "backward",
+        "clip",
+        "optimizer_step",
+    ]
+    .iter()
+    .map(|n| total(n))
+    .sum();
+    assert!(
+        phases <= step + 1e-3 && phases > 0.5 * step,
+        "phases {phases} vs step {step}"
+    );
     assert!(total("RegressionNet/backbone/0") <= total("forward") + 1e-3);
-    assert!(std::fs::read_to_string(run.path.join("profile/key_averages.txt")).unwrap().contains("% step"));
+    assert!(
+        std::fs::read_to_string(run.path.join("profile/key_averages.txt"))
+            .unwrap()
+            .contains("% step")
+    );
 
     // Resource trace and verdict come with every run.
     for f in ["resources.csv", "resources.svg", "resources.png"] {
@@ -138,11 +174,20 @@ fn inference_profiles_on_identical_inputs_and_diff() {
     assert_eq!(a.averages.steps, 20);
     assert_eq!(b.averages.steps, 20);
     let names: Vec<&str> = a.averages.rows.iter().map(|r| r.name.as_str()).collect();
-    for n in ["infer_step", "normalize", "engine_forward", "denormalize", "RegressionNet/backbone/1"] {
+    for n in [
+        "infer_step",
+        "normalize",
+        "engine_forward",
+        "denormalize",
+        "RegressionNet/backbone/1",
+    ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
     let d = diff(&a.averages, &b.averages);
-    assert_eq!(d[0].name, "infer_step", "the step itself regresses most per step");
+    assert_eq!(
+        d[0].name, "infer_step",
+        "the step itself regresses most per step"
+    );
     assert!(d[0].ratio > 1.0);
     // The CLI reads the saved tables.
     let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
@@ -153,9 +198,17 @@ fn inference_profiles_on_identical_inputs_and_diff() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("RegressionNet/backbone/0") && text.contains("Δ µs/step"), "{text}");
+    assert!(
+        text.contains("RegressionNet/backbone/0") && text.contains("Δ µs/step"),
+        "{text}"
+    );
     let bad = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["profile", "diff", "/nonexistent/a.json", "/nonexistent/b.json"])
+        .args([
+            "profile",
+            "diff",
+            "/nonexistent/a.json",
+            "/nonexistent/b.json",
+        ])
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
@@ -163,7 +216,10 @@ fn inference_profiles_on_identical_inputs_and_diff() {
 
 #[test]
 fn doctor_json_has_every_field() {
-    let o = Command::new(env!("CARGO_BIN_EXE_kiln")).args(["doctor", "--json"]).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
     assert!(o.status.success());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     for k in [

@@ -86,7 +86,14 @@ fn train_export_load_predict_round_trip() {
     assert_eq!(manifest.burn_version, "0.21.0");
     assert_eq!(manifest.residual_correlation.len(), 3);
     assert_eq!(manifest.dataset.sha256.len(), 64);
-    assert_eq!(manifest.metrics["int8_test_delta"]["targets"].as_array().unwrap().len(), 3, "int8 accuracy change is stored");
+    assert_eq!(
+        manifest.metrics["int8_test_delta"]["targets"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3,
+        "int8 accuracy change is stored"
+    );
     // No temporary directories are left beside the export.
     let leftovers: Vec<_> = std::fs::read_dir(&run.path)
         .unwrap()
@@ -179,6 +186,43 @@ fn train_export_load_predict_round_trip() {
         assert_eq!(mean, lib.mean[i * 3 + 2]);
         assert_eq!(std, lib.std[i * 3 + 2]);
     }
+    // The serving engine agrees closely; an unknown engine is a clear error.
+    let fused_path = tmp.path().join("fused.csv");
+    let out = kiln(&[
+        "predict",
+        "--checkpoint",
+        run.path.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        fused_path.to_str().unwrap(),
+        "--engine",
+        "fused",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fused = std::fs::read_to_string(&fused_path).unwrap();
+    for (a, b) in pred.lines().skip(1).zip(fused.lines().skip(1)) {
+        let (a, b): (Vec<&str>, Vec<&str>) = (a.split(',').collect(), b.split(',').collect());
+        for j in a.len() - 6..a.len() {
+            let (x, y): (f64, f64) = (a[j].parse().unwrap(), b[j].parse().unwrap());
+            assert!((x - y).abs() <= 1e-5 * x.abs().max(1e-3), "{x} vs {y}");
+        }
+    }
+    let out = kiln(&[
+        "predict",
+        "--checkpoint",
+        run.path.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--engine",
+        "nope",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown engine \"nope\""));
 }
 
 #[test]

@@ -21,7 +21,10 @@ fn kiln(args: &[&str]) -> Output {
 fn tiny_in(dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(root().join("configs/tiny.yaml"))
         .unwrap()
-        .replace("  dir: checkpoints", &format!("  dir: {}", dir.join("out").display()));
+        .replace(
+            "  dir: checkpoints",
+            &format!("  dir: {}", dir.join("out").display()),
+        );
     let p = dir.join("tiny.yaml");
     std::fs::write(&p, text).unwrap();
     p
@@ -38,7 +41,13 @@ fn concurrent_runs_are_all_registered_with_latency() {
             let (cfg, reg) = (cfg.clone(), reg.clone());
             std::thread::spawn(move || {
                 Command::new(env!("CARGO_BIN_EXE_kiln"))
-                    .args(["train", cfg.to_str().unwrap(), "-q", "--registry", reg.to_str().unwrap()])
+                    .args([
+                        "train",
+                        cfg.to_str().unwrap(),
+                        "-q",
+                        "--registry",
+                        reg.to_str().unwrap(),
+                    ])
                     .args(["--set", &format!("seed={i}")])
                     .current_dir(root())
                     .output()
@@ -63,20 +72,49 @@ fn concurrent_runs_are_all_registered_with_latency() {
         assert!(row.environment.as_ref().unwrap()["burn"] == "0.21.0");
         // The manifest carries the same latency.
         let m: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(Path::new(row.artifact_path.as_ref().unwrap()).join("manifest.json")).unwrap(),
+            &std::fs::read_to_string(
+                Path::new(row.artifact_path.as_ref().unwrap()).join("manifest.json"),
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(m["latency"]["batches"][0]["batch"], 1);
-        assert_eq!(m["latency"]["batches"][0]["p50_us"].as_f64(), row.latency_b1_p50_us);
+        assert_eq!(
+            m["latency"]["batches"][0]["p50_us"].as_f64(),
+            row.latency_b1_p50_us
+        );
     }
 
-    let list = kiln(&["runs", "--registry", reg.to_str().unwrap(), "list", "--json"]);
+    let list = kiln(&[
+        "runs",
+        "--registry",
+        reg.to_str().unwrap(),
+        "list",
+        "--json",
+    ]);
     assert!(list.status.success());
     assert_eq!(String::from_utf8_lossy(&list.stdout).lines().count(), 3);
-    let show = kiln(&["runs", "--registry", reg.to_str().unwrap(), "show", &rows[0].id]);
+    let show = kiln(&[
+        "runs",
+        "--registry",
+        reg.to_str().unwrap(),
+        "show",
+        &rows[0].id,
+    ]);
     let text = String::from_utf8_lossy(&show.stdout);
-    assert!(text.contains("latency") && text.contains("variance"), "{text}");
-    let cmp = kiln(&["runs", "--registry", reg.to_str().unwrap(), "compare", &rows[0].id, &rows[2].id, "--json"]);
+    assert!(
+        text.contains("latency") && text.contains("variance"),
+        "{text}"
+    );
+    let cmp = kiln(&[
+        "runs",
+        "--registry",
+        reg.to_str().unwrap(),
+        "compare",
+        &rows[0].id,
+        &rows[2].id,
+        "--json",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&cmp.stdout).unwrap();
     assert_eq!(v["config_diff"][0]["key"], "seed");
     let missing = kiln(&["runs", "--registry", reg.to_str().unwrap(), "show", "nope"]);
@@ -90,7 +128,11 @@ fn planted(path: &Path, with_band: bool) -> Vec<String> {
     let mut ids = Vec::new();
     for i in 0..34 {
         let slow = with_band && i % 7 == 3;
-        let hidden = if slow { "[49, 49]".to_string() } else { format!("[{}, 48]", 46 + (i % 4)) };
+        let hidden = if slow {
+            "[49, 49]".to_string()
+        } else {
+            format!("[{}, 48]", 46 + (i % 4))
+        };
         let text = base.replace("hidden: [48, 48]", &format!("hidden: {hidden}"));
         let id = format!("run-{i:02}");
         reg.start_run(&NewRun {
@@ -104,7 +146,8 @@ fn planted(path: &Path, with_band: bool) -> Vec<String> {
         })
         .unwrap();
         let params = if slow { 3858 } else { 3750 + (i * 3) as i64 };
-        let lat = 600.0 * (1.0 + 0.05 * ((i % 5) as f64 - 2.0) / 2.0) * if slow { 3.4 } else { 1.0 };
+        let lat =
+            600.0 * (1.0 + 0.05 * ((i % 5) as f64 - 2.0) / 2.0) * if slow { 3.4 } else { 1.0 };
         reg.finish_run(
             &id,
             &RunEnd {
@@ -128,24 +171,50 @@ fn regressions_exit_non_zero_on_a_planted_band_and_zero_on_a_clean_set() {
     let db = tmp.path().join("band.db");
     planted(&db, true);
     let o = kiln(&["runs", "--registry", db.to_str().unwrap(), "regressions"]);
-    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let text = String::from_utf8_lossy(&o.stdout);
     for slow in ["run-03", "run-10", "run-17", "run-24", "run-31"] {
         assert!(text.contains(&format!("REGRESSION {slow}")), "{text}");
     }
     assert_eq!(text.matches("REGRESSION").count(), 5, "{text}");
     assert!(text.contains("nearest normal peer: run-"), "{text}");
-    assert!(text.contains("model.hidden"), "the config difference is shown: {text}");
+    assert!(
+        text.contains("model.hidden"),
+        "the config difference is shown: {text}"
+    );
 
     let clean = tmp.path().join("clean.db");
     planted(&clean, false);
-    let o = kiln(&["runs", "--registry", clean.to_str().unwrap(), "regressions", "--json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = kiln(&[
+        "runs",
+        "--registry",
+        clean.to_str().unwrap(),
+        "regressions",
+        "--json",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(o.stdout.is_empty());
 
     // Report: two figures in two formats and a page with one row per run.
     let out = tmp.path().join("report");
-    let o = kiln(&["runs", "--registry", db.to_str().unwrap(), "report", "--out", out.to_str().unwrap()]);
+    let o = kiln(&[
+        "runs",
+        "--registry",
+        db.to_str().unwrap(),
+        "report",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let svg = std::fs::read_to_string(out.join("latency_vs_params.svg")).unwrap();
     assert_eq!(svg.matches("<circle").count(), 34, "one point per run");
@@ -173,7 +242,13 @@ fn a_sweep_runs_every_configuration_and_answers_right_sizing() {
     )
     .unwrap();
     let reg = tmp.path().join("sweep.db");
-    let o = kiln(&["sweep", sweep.to_str().unwrap(), "--registry", reg.to_str().unwrap(), "--json"]);
+    let o = kiln(&[
+        "sweep",
+        sweep.to_str().unwrap(),
+        "--registry",
+        reg.to_str().unwrap(),
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["runs"].as_array().unwrap().len(), 4);
@@ -185,10 +260,15 @@ fn a_sweep_runs_every_configuration_and_answers_right_sizing() {
     let pick = r.get(chosen).unwrap();
     assert!(pick.val_metric.unwrap() <= best.val_metric.unwrap() * 1.05 + 1e-12);
     assert!(pick.param_count.unwrap() <= best.param_count.unwrap());
-    let activations: Vec<String> = r.list().unwrap().iter().map(|x| {
-        let c = kiln::config::parse(&x.config_text, Path::new("x")).unwrap();
-        format!("{:?}{:?}", c.model.hidden, c.model.activation)
-    }).collect();
+    let activations: Vec<String> = r
+        .list()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            let c = kiln::config::parse(&x.config_text, Path::new("x")).unwrap();
+            format!("{:?}{:?}", c.model.hidden, c.model.activation)
+        })
+        .collect();
     let mut uniq = activations.clone();
     uniq.sort();
     uniq.dedup();

@@ -63,7 +63,8 @@ pub fn run(args: &LoadtestArgs) -> CliResult {
         max_requests: args.max_requests,
         timeout: Duration::from_millis(args.timeout_ms.max(1)),
     };
-    crate::serve::client::BaseUrl::parse(&cfg.url).map_err(|e| CliError::input(anyhow::anyhow!(e)))?;
+    crate::serve::client::BaseUrl::parse(&cfg.url)
+        .map_err(|e| CliError::input(anyhow::anyhow!(e)))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -23,6 +23,22 @@ fn parse_method(s: &str) -> Result<MvnMethod, String> {
     s.parse()
 }
 
+/// A standard-error target for the adaptive mode, or none (every query uses all points).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance(pub Option<f64>);
+
+fn parse_tolerance(s: &str) -> Result<Tolerance, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "none" | "off" | "fixed" => Ok(Tolerance(None)),
+        other => match other.parse::<f64>() {
+            Ok(t) if t.is_finite() && t > 0.0 => Ok(Tolerance(Some(t))),
+            _ => Err(format!(
+                "`{s}` is not a tolerance; expected a standard error > 0 (e.g. 2e-6) or `none`"
+            )),
+        },
+    }
+}
+
 /// Arguments of `kiln mvn`.
 #[derive(Debug, Clone, Args)]
 pub struct MvnArgs {
@@ -45,6 +61,14 @@ pub struct MvnArgs {
     /// Queries read and answered per batch (bounds memory on long inputs).
     #[arg(long, default_value_t = 4096)]
     pub batch: usize,
+    /// Adaptive mode (genz): stop each query once its standard error is at most this, using
+    /// at most --points points per randomisation (e.g. 2e-6 for absolute errors below 1e-5);
+    /// `none` uses all points for every query.
+    #[arg(long, default_value = "none", value_parser = parse_tolerance)]
+    pub tolerance: Tolerance,
+    /// Adaptive mode: points per randomisation of the first stage.
+    #[arg(long, default_value_t = 256)]
+    pub min_points: usize,
 }
 
 /// Runs `kiln mvn`: reads queries, writes one `{"p":..,"se":..}` line per query.
@@ -93,6 +117,8 @@ pub fn run_stream<R: BufRead, W: Write>(
                         .with_randomizations(args.randomizations)
                         .with_seed(args.seed)
                         .with_method(args.method)
+                        .with_tolerance(args.tolerance.0)
+                        .with_min_points(args.min_points)
                         .init::<Flex>(&Default::default())
                         .map_err(|e| anyhow!("{e}"))?;
                     model = Some(m);
@@ -337,6 +363,13 @@ pub struct MvnBenchArgs {
     /// Queries per call (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1,1024")]
     pub batch: Vec<usize>,
+    /// Adaptive mode's standard-error targets (comma-separated; `none` = all points for
+    /// every query, then --points is the fixed count; otherwise --points is the maximum).
+    #[arg(long, value_delimiter = ',', default_value = "none", value_parser = parse_tolerance)]
+    pub tolerance: Vec<Tolerance>,
+    /// Adaptive mode: points per randomisation of the first stage.
+    #[arg(long, default_value_t = 256)]
+    pub min_points: usize,
     /// Randomisations per query.
     #[arg(long, default_value_t = 8)]
     pub randomizations: usize,
@@ -362,51 +395,79 @@ pub fn run_bench(args: &MvnBenchArgs) -> anyhow::Result<()> {
     if !args.json {
         writeln!(
             out,
-            "{:<6} {:>3} {:>7} {:>6} {:>12} {:>12} {:>11} {:>7}",
-            "method", "d", "points", "batch", "evals/s", "max_abs_err", "mean_se", "setup"
+            "{:<6} {:>3} {:>7} {:>8} {:>6} {:>12} {:>12} {:>11} {:>9} {:>7}",
+            "method",
+            "d",
+            "points",
+            "tol",
+            "batch",
+            "evals/s",
+            "max_abs_err",
+            "mean_se",
+            "avg_pts",
+            "setup"
         )?;
     }
     let device = Default::default();
+    let mut grid = Vec::new();
     for &method in &args.method {
         for &d in &args.d {
             for &points in &args.points {
-                for &batch in &args.batch {
-                    let setting = BenchSetting {
-                        method,
-                        d,
-                        points,
-                        batch,
-                        randomizations: args.randomizations,
-                    };
-                    let record = run_setting::<Flex>(
-                        setting,
-                        args.seed,
-                        Duration::from_secs_f64(args.min_time),
-                        &device,
-                    )
-                    .map_err(|e| {
-                        anyhow!("{} d={d} points={points} batch={batch}: {e}", method.name())
-                    })?;
-                    if args.json {
-                        writeln!(out, "{}", serde_json::to_string(&record)?)?;
-                    } else {
-                        writeln!(
-                            out,
-                            "{:<6} {:>3} {:>7} {:>6} {:>12.1} {:>12.2e} {:>11.2e} {:>6.1}%",
-                            record.method,
-                            record.d,
-                            record.points,
-                            record.batch,
-                            record.evals_per_s,
-                            record.max_abs_err,
-                            record.mean_se,
-                            100.0 * record.setup_share
-                        )?;
+                for &Tolerance(tolerance) in &args.tolerance {
+                    for &batch in &args.batch {
+                        grid.push(BenchSetting {
+                            method,
+                            d,
+                            points,
+                            batch,
+                            randomizations: args.randomizations,
+                            tolerance,
+                            min_points: args.min_points,
+                        });
                     }
-                    out.flush()?;
                 }
             }
         }
+    }
+    for setting in grid {
+        let BenchSetting {
+            method,
+            d,
+            points,
+            batch,
+            ..
+        } = setting;
+        let record = run_setting::<Flex>(
+            setting,
+            args.seed,
+            Duration::from_secs_f64(args.min_time),
+            &device,
+        )
+        .map_err(|e| anyhow!("{} d={d} points={points} batch={batch}: {e}", method.name()))?;
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(&record)?)?;
+        } else {
+            let tol = match record.tolerance {
+                Some(t) => format!("{t:.1e}"),
+                None => "none".into(),
+            };
+            writeln!(
+                out,
+                "{:<6} {:>3} {:>7} {:>8} {:>6} {:>12.1} {:>12.2e} {:>11.2e} {:>9.0} \
+                 {:>6.1}%",
+                record.method,
+                record.d,
+                record.points,
+                tol,
+                record.batch,
+                record.evals_per_s,
+                record.max_abs_err,
+                record.mean_se,
+                record.avg_points,
+                100.0 * record.setup_share
+            )?;
+        }
+        out.flush()?;
     }
     Ok(())
 }
@@ -442,6 +503,8 @@ mod tests {
             randomizations: 8,
             seed: 0,
             batch: 2,
+            tolerance: Tolerance(None),
+            min_points: 256,
         };
         let input = "{\"cov\": [[1]], \"upper\": [0]}\n\n{\"corr\": [[1, 0.5], [0.5, 1]], \"upper\": [0, 0]}\n{\"cov\": [[1]], \"upper\": [null]}\n";
         let mut out = Vec::new();

@@ -40,7 +40,9 @@ pub struct ProfileInferArgs {
 }
 
 /// Weights and normalisation of the network to profile.
-pub fn network(checkpoint: Option<&Path>) -> Result<(HostWeights, Vec<ColumnStats>, Vec<ColumnStats>), CliError> {
+pub fn network(
+    checkpoint: Option<&Path>,
+) -> Result<(HostWeights, Vec<ColumnStats>, Vec<ColumnStats>), CliError> {
     match checkpoint {
         Some(dir) => {
             let c = Checkpoint::load(dir).map_err(CliError::input)?;
@@ -82,7 +84,9 @@ pub fn seeded_inputs(features: &[ColumnStats], rows: usize, seed: u64) -> Vec<f3
 /// Profile inference on identical inputs and write the trace and table.
 pub fn profile_infer_to(args: &ProfileInferArgs) -> Result<ProfileOutputs, CliError> {
     if args.batch == 0 || args.iters == 0 {
-        return Err(CliError::input(anyhow::anyhow!("--batch and --iters must be ≥ 1")));
+        return Err(CliError::input(anyhow::anyhow!(
+            "--batch and --iters must be ≥ 1"
+        )));
     }
     let (weights, features, targets) = network(args.checkpoint.as_deref())?;
     let engine = build_engine(&args.engine, &weights, args.threads).map_err(CliError::input)?;
@@ -124,7 +128,10 @@ pub fn profile_infer(args: &ProfileInferArgs) -> CliResult {
     let o = profile_infer_to(args)?;
     eprint!("{}", o.averages.table(SortBy::Total, 30));
     println!("{}", o.table_json.display());
-    eprintln!("trace: {} (open in https://ui.perfetto.dev or chrome://tracing)", o.trace.display());
+    eprintln!(
+        "trace: {} (open in https://ui.perfetto.dev or chrome://tracing)",
+        o.trace.display()
+    );
     Ok(())
 }
 

@@ -65,7 +65,9 @@ pub fn run(a: &PickArgs) -> CliResult {
     let cross = match &a.cross_row_corr {
         Some(text) => {
             let v: Vec<Vec<f64>> = serde_json::from_str(text).map_err(|e| {
-                CliError::input(anyhow::anyhow!("--cross-row-corr: expected a JSON k×k matrix: {e}"))
+                CliError::input(anyhow::anyhow!(
+                    "--cross-row-corr: expected a JSON k×k matrix: {e}"
+                ))
             })?;
             Some(v.into_iter().flatten().collect())
         }
@@ -89,10 +91,11 @@ pub fn run(a: &PickArgs) -> CliResult {
         .map_err(CliError::input)?;
     let engine = build_engine(&a.engine, &ckpt.weights, 1).map_err(CliError::input)?;
     let mut predictor = Predictor::for_checkpoint(&ckpt, engine);
-    let results = pick::evaluate(&mut predictor, &mvn, &corr, &rows, &legs).map_err(|e| match e {
-        PickError::Infer(_) => CliError::from(e),
-        other => CliError::input(other),
-    })?;
+    let results =
+        pick::evaluate(&mut predictor, &mvn, &corr, &rows, &legs).map_err(|e| match e {
+            PickError::Infer(_) => CliError::from(e),
+            other => CliError::input(other),
+        })?;
     for (name, r) in &results {
         if a.json {
             println!(
@@ -106,7 +109,11 @@ pub fn run(a: &PickArgs) -> CliResult {
                 r.p,
                 r.se,
                 r.independent_p,
-                r.leg_p.iter().map(|p| format!("{p:.4}")).collect::<Vec<_>>().join(", ")
+                r.leg_p
+                    .iter()
+                    .map(|p| format!("{p:.4}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }

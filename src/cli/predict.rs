@@ -1,17 +1,17 @@
-//! `kiln predict --checkpoint DIR --input rows.csv [--output out.csv]`.
+//! `kiln predict --checkpoint DIR --input rows.csv [--output out.csv] [--engine E]`.
 
 use std::path::Path;
 
 use super::{CliError, CliResult};
 use crate::artifact::Checkpoint;
-use crate::infer::BurnEngine;
+use crate::infer::build_engine;
 use crate::predict::{PredictError, Predictor, predict_csv, write_output};
 
 /// Load a checkpoint once and predict every row of `input`.
-pub fn run(checkpoint: &Path, input: &Path, output: Option<&Path>) -> CliResult {
+pub fn run(checkpoint: &Path, input: &Path, output: Option<&Path>, engine: &str) -> CliResult {
     let ckpt = Checkpoint::load(checkpoint).map_err(CliError::input)?;
-    let engine = BurnEngine::<crate::backend::Cpu>::new(&ckpt.weights, Default::default(), "burn");
-    let mut predictor = Predictor::for_checkpoint(&ckpt, Box::new(engine));
+    let engine = build_engine(engine, &ckpt.weights, 1).map_err(CliError::input)?;
+    let mut predictor = Predictor::for_checkpoint(&ckpt, engine);
     let (text, rows) = predict_csv(
         &mut predictor,
         input,

@@ -57,7 +57,8 @@ fn open(path: &Path) -> Result<Registry, CliError> {
 }
 
 fn short(v: Option<f64>, digits: usize) -> String {
-    v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into())
+    v.map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "—".into())
 }
 
 /// `kiln runs list`.
@@ -80,7 +81,9 @@ pub fn list(registry: &Path, json: bool) -> CliResult {
             "{:<40} {:<9} {:>7} {:>10} {:>9} {:>10} {:<20}",
             r.id,
             r.status,
-            r.param_count.map(|p| p.to_string()).unwrap_or_else(|| "—".into()),
+            r.param_count
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "—".into()),
             short(r.val_metric, 5),
             short(r.latency_b1_p50_us, 2),
             short(r.latency_b128_p50_us, 1),
@@ -112,15 +115,40 @@ pub fn show(registry: &Path, id: &str, json: bool) -> CliResult {
         return Ok(());
     }
     println!("run        {}", r.id);
-    println!("status     {}{}", r.status, r.reason.as_ref().map(|x| format!(" ({x})")).unwrap_or_default());
-    println!("started    {}  ended {}", r.started_at, r.ended_at.clone().unwrap_or_else(|| "—".into()));
+    println!(
+        "status     {}{}",
+        r.status,
+        r.reason
+            .as_ref()
+            .map(|x| format!(" ({x})"))
+            .unwrap_or_default()
+    );
+    println!(
+        "started    {}  ended {}",
+        r.started_at,
+        r.ended_at.clone().unwrap_or_else(|| "—".into())
+    );
     println!("host/pid   {} / {}", r.host, r.pid);
     println!("run dir    {}", r.run_dir);
-    println!("artifact   {}", r.artifact_path.clone().unwrap_or_else(|| "—".into()));
-    println!("git        {}", r.git_commit.clone().unwrap_or_else(|| "—".into()));
+    println!(
+        "artifact   {}",
+        r.artifact_path.clone().unwrap_or_else(|| "—".into())
+    );
+    println!(
+        "git        {}",
+        r.git_commit.clone().unwrap_or_else(|| "—".into())
+    );
     println!("config     sha256 {}", r.config_sha256);
-    println!("dataset    sha256 {}", r.dataset_sha256.clone().unwrap_or_else(|| "—".into()));
-    println!("params     {}", r.param_count.map(|p| p.to_string()).unwrap_or_else(|| "—".into()));
+    println!(
+        "dataset    sha256 {}",
+        r.dataset_sha256.clone().unwrap_or_else(|| "—".into())
+    );
+    println!(
+        "params     {}",
+        r.param_count
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "—".into())
+    );
     println!("val loss   {}", short(r.val_metric, 6));
     if let Some(l) = &r.latency {
         for b in l["batches"].as_array().into_iter().flatten() {
@@ -168,7 +196,10 @@ fn config_value(r: &RunRow) -> serde_json::Value {
 /// `kiln runs compare A B`.
 pub fn compare(registry: &Path, a: &str, b: &str, json: bool) -> CliResult {
     let reg = open(registry)?;
-    let (ra, rb) = (reg.get(a).map_err(CliError::input)?, reg.get(b).map_err(CliError::input)?);
+    let (ra, rb) = (
+        reg.get(a).map_err(CliError::input)?,
+        reg.get(b).map_err(CliError::input)?,
+    );
     let diff = analysis::config_diff(&config_value(&ra), &config_value(&rb));
     let metric = |r: &RunRow| {
         [
@@ -194,7 +225,11 @@ pub fn compare(registry: &Path, a: &str, b: &str, json: bool) -> CliResult {
             (Some(x), Some(y)) if x != 0.0 => format!("{:.3}", y / x),
             _ => "—".into(),
         };
-        println!("{name:<22} {:>14} {:>14} {ratio:>9}", short(x, 4), short(y, 4));
+        println!(
+            "{name:<22} {:>14} {:>14} {ratio:>9}",
+            short(x, 4),
+            short(y, 4)
+        );
     }
     println!("\nconfig differences:");
     if diff.is_empty() {
@@ -228,7 +263,8 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
     let is_flagged = |id: &str| flagged.iter().any(|f| f.id == id);
     std::fs::create_dir_all(out)?;
 
-    let (normal, slow): (Vec<&RunPoint>, Vec<&RunPoint>) = pts.iter().partition(|p| !is_flagged(&p.id));
+    let (normal, slow): (Vec<&RunPoint>, Vec<&RunPoint>) =
+        pts.iter().partition(|p| !is_flagged(&p.id));
     let lat = Figure::new(
         format!(
             "Median inference latency (batch {}) vs parameter count, {} runs",
@@ -240,10 +276,21 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
     )
     .panel(
         Panel::new("", "parameters", "p50 latency (µs)")
-            .series(Series::scatter("runs", Color::BLUE, normal.iter().map(|p| (p.params, p.latency_us)).collect()).radius(4.0))
             .series(
-                Series::scatter("flagged regression", Color::RED, slow.iter().map(|p| (p.params, p.latency_us)).collect())
-                    .radius(5.0),
+                Series::scatter(
+                    "runs",
+                    Color::BLUE,
+                    normal.iter().map(|p| (p.params, p.latency_us)).collect(),
+                )
+                .radius(4.0),
+            )
+            .series(
+                Series::scatter(
+                    "flagged regression",
+                    Color::RED,
+                    slow.iter().map(|p| (p.params, p.latency_us)).collect(),
+                )
+                .radius(5.0),
             ),
     );
     let (lat_svg, lat_png) = lat.save(&out.join("latency_vs_params"))?;
@@ -254,29 +301,58 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         .collect();
     let mp: Vec<(f64, f64)> = finished
         .iter()
-        .map(|r| (r.param_count.unwrap_or(0) as f64, r.val_metric.unwrap_or(f64::NAN)))
+        .map(|r| {
+            (
+                r.param_count.unwrap_or(0) as f64,
+                r.val_metric.unwrap_or(f64::NAN),
+            )
+        })
         .collect();
     let front = analysis::pareto_front(&mp);
     let metric = Figure::new(
-        format!("Validation loss vs parameter count, {} runs (Pareto front marked)", mp.len()),
+        format!(
+            "Validation loss vs parameter count, {} runs (Pareto front marked)",
+            mp.len()
+        ),
         960,
         600,
     )
     .panel(
-        Panel::new("", "parameters", "validation loss (stage 1, normalised MSE)")
-            .series(Series::scatter("runs", Color::BLUE, mp.clone()).radius(4.0))
-            .series(Series::step("Pareto front", Color::GREEN, front.iter().map(|&i| mp[i]).collect()))
-            .series(Series::scatter("", Color::GREEN, front.iter().map(|&i| mp[i]).collect()).radius(5.0)),
+        Panel::new(
+            "",
+            "parameters",
+            "validation loss (stage 1, normalised MSE)",
+        )
+        .series(Series::scatter("runs", Color::BLUE, mp.clone()).radius(4.0))
+        .series(Series::step(
+            "Pareto front",
+            Color::GREEN,
+            front.iter().map(|&i| mp[i]).collect(),
+        ))
+        .series(
+            Series::scatter("", Color::GREEN, front.iter().map(|&i| mp[i]).collect()).radius(5.0),
+        ),
     );
     let (m_svg, m_png) = metric.save(&out.join("metric_vs_params"))?;
 
     let mut html = String::new();
     html.push_str("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>kiln runs report</title>\n<style>body{font-family:sans-serif;margin:24px}table{border-collapse:collapse}td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}tr.flag{background:#fde2e2}</style></head><body>\n");
-    let _ = writeln!(html, "<h1>kiln runs report</h1><p>{} runs in {}; {} flagged as latency regressions (≥ 1.5× the median of runs within ±5 % of their size).</p>", rows.len(), html_escape(&registry.display().to_string()), flagged.len());
+    let _ = writeln!(
+        html,
+        "<h1>kiln runs report</h1><p>{} runs in {}; {} flagged as latency regressions (≥ 1.5× the median of runs within ±5 % of their size).</p>",
+        rows.len(),
+        html_escape(&registry.display().to_string()),
+        flagged.len()
+    );
     for svg in [&lat_svg, &m_svg] {
         let text = std::fs::read_to_string(svg)?;
         html.push_str("<div>");
-        html.push_str(text.trim_start_matches(|c| c != '<').split_once("?>").map(|(_, b)| b).unwrap_or(&text));
+        html.push_str(
+            text.trim_start_matches(|c| c != '<')
+                .split_once("?>")
+                .map(|(_, b)| b)
+                .unwrap_or(&text),
+        );
         html.push_str("</div>\n");
     }
     html.push_str("<table><tr><th>run</th><th>status</th><th>params</th><th>val loss</th><th>b1 p50 µs</th><th>b128 p50 µs</th><th>flag</th></tr>\n");
@@ -305,7 +381,10 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
 }
 
 fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// Options of `kiln runs regressions`.
@@ -422,7 +501,10 @@ fn attribute(slow: &RunRow, peer: &RunRow, args: &RegressionArgs<'_>) -> CliResu
         tables.push(o.averages);
     }
     let rows = crate::observe::profiler::diff(&tables[0], &tables[1]);
-    println!("  attribution ({engine}, batch {}, identical inputs; A = peer, B = flagged):", args.which.batch());
+    println!(
+        "  attribution ({engine}, batch {}, identical inputs; A = peer, B = flagged):",
+        args.which.batch()
+    );
     for line in crate::observe::profiler::diff_table(&rows).lines().take(12) {
         println!("    {line}");
     }

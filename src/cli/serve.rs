@@ -83,7 +83,9 @@ impl ServeArgs {
 pub fn run(args: &ServeArgs) -> CliResult {
     let repo = args.repository.display().to_string();
     crate::serve::run_blocking(args.config(), |addr| {
-        eprintln!("kiln serve: {repo} on http://{addr} (Open Inference Protocol v2; metrics at /metrics)");
+        eprintln!(
+            "kiln serve: {repo} on http://{addr} (Open Inference Protocol v2; metrics at /metrics)"
+        );
     })
     .map_err(|e| match e {
         ServeError::Config(_) => CliError::input(e),

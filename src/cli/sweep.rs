@@ -72,18 +72,22 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
         registry_path.display()
     );
     let started = Instant::now();
-    let queue: Mutex<VecDeque<(usize, Vec<String>)>> = Mutex::new(runs.iter().cloned().enumerate().collect());
+    let queue: Mutex<VecDeque<(usize, Vec<String>)>> =
+        Mutex::new(runs.iter().cloned().enumerate().collect());
     let done: Mutex<Vec<Member>> = Mutex::new(Vec::new());
     let total = runs.len();
     std::thread::scope(|s| {
         for _ in 0..parallel.min(total) {
             s.spawn(|| {
-                loop {
-                    let Some((index, overrides)) = queue.lock().ok().and_then(|mut q| q.pop_front()) else {
-                        break;
-                    };
+                while let Some((index, overrides)) =
+                    queue.lock().ok().and_then(|mut q| q.pop_front())
+                {
                     let mut cmd = Command::new(&exe);
-                    cmd.arg("train").arg(&spec.base).arg("-q").arg("--registry").arg(&registry_path);
+                    cmd.arg("train")
+                        .arg(&spec.base)
+                        .arg("-q")
+                        .arg("--registry")
+                        .arg(&registry_path);
                     for o in &overrides {
                         cmd.arg("--set").arg(o);
                     }
@@ -133,7 +137,10 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
                             "[{}/{total}] {} {}",
                             d.len(),
                             member.run_id.as_deref().unwrap_or("FAILED"),
-                            member.error.as_deref().unwrap_or(&member.overrides.join(" "))
+                            member
+                                .error
+                                .as_deref()
+                                .unwrap_or(&member.overrides.join(" "))
                         );
                     }
                 }
@@ -155,7 +162,12 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
     let ok: Vec<&Member> = members.iter().filter(|m| m.val_metric.is_some()).collect();
     let pts: Vec<(f64, f64)> = ok
         .iter()
-        .map(|m| (m.params.unwrap_or(0) as f64, m.val_metric.unwrap_or(f64::NAN)))
+        .map(|m| {
+            (
+                m.params.unwrap_or(0) as f64,
+                m.val_metric.unwrap_or(f64::NAN),
+            )
+        })
         .collect();
     let answer = analysis::right_size(&pts, spec.tolerance);
     let failed = members.iter().filter(|m| m.error.is_some()).count();
@@ -182,9 +194,15 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
             println!(
                 "{:<42} {:>7} {:>11} {:>9}  {}",
                 m.run_id.as_deref().unwrap_or("FAILED"),
-                m.params.map(|p| p.to_string()).unwrap_or_else(|| "—".into()),
-                m.val_metric.map(|v| format!("{v:.5}")).unwrap_or_else(|| "—".into()),
-                m.latency_b1_p50_us.map(|v| format!("{v:.2}")).unwrap_or_else(|| "—".into()),
+                m.params
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "—".into()),
+                m.val_metric
+                    .map(|v| format!("{v:.5}"))
+                    .unwrap_or_else(|| "—".into()),
+                m.latency_b1_p50_us
+                    .map(|v| format!("{v:.2}"))
+                    .unwrap_or_else(|| "—".into()),
                 m.overrides.join(" ")
             );
         }
@@ -210,7 +228,10 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
         );
     }
     if failed > 0 {
-        return Err(CliError::from(anyhow::anyhow!("{failed} of {} sweep runs failed", members.len())));
+        return Err(CliError::from(anyhow::anyhow!(
+            "{failed} of {} sweep runs failed",
+            members.len()
+        )));
     }
     Ok(())
 }

@@ -181,7 +181,10 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
         let latency = measure_latency(&outcome)?;
         Ok((outcome, latency))
     });
-    let registry = hooks.registry.into_inner().unwrap_or_else(|e| e.into_inner());
+    let registry = hooks
+        .registry
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner());
     match result {
         Ok((outcome, latency)) => {
             let end = run_end(&loaded.config, &outcome, latency.as_ref());

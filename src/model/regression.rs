@@ -151,19 +151,26 @@ impl<B: Backend> RegressionNet<B> {
         let _net = crate::prof_span!("module", path = "RegressionNet", shape = ?x.dims()).entered();
         let mut h = x;
         for (i, layer) in self.backbone.iter().enumerate() {
-            let path = LAYER_PATHS.get(i).copied().unwrap_or("RegressionNet/backbone/n");
+            let path = LAYER_PATHS
+                .get(i)
+                .copied()
+                .unwrap_or("RegressionNet/backbone/n");
             let _s = crate::prof_span!("module", path = path, shape = ?h.dims()).entered();
             h = apply_activation(layer.forward(h), self.activation);
             crate::observe::profiler::sync::<B>(&device);
         }
         let mean = {
-            let _s = crate::prof_span!("module", path = "RegressionNet/mean_head", shape = ?h.dims()).entered();
+            let _s =
+                crate::prof_span!("module", path = "RegressionNet/mean_head", shape = ?h.dims())
+                    .entered();
             let m = self.mean_head.forward(h.clone());
             crate::observe::profiler::sync::<B>(&device);
             m
         };
         let log_var = {
-            let _s = crate::prof_span!("module", path = "RegressionNet/logvar_head", shape = ?h.dims()).entered();
+            let _s =
+                crate::prof_span!("module", path = "RegressionNet/logvar_head", shape = ?h.dims())
+                    .entered();
             let v = self.logvar_head.forward(h);
             crate::observe::profiler::sync::<B>(&device);
             v

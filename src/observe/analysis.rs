@@ -204,7 +204,11 @@ mod tests {
         (0..34)
             .map(|i| {
                 let slow = with_band && i % 7 == 3;
-                let params = if slow { 3858.0 } else { 3750.0 + r.uniform(0.0, 120.0) };
+                let params = if slow {
+                    3858.0
+                } else {
+                    3750.0 + r.uniform(0.0, 120.0)
+                };
                 let base = 600.0 * (1.0 + r.uniform(-0.08, 0.08));
                 RunPoint {
                     id: format!("run-{i:02}"),
@@ -219,7 +223,10 @@ mod tests {
     fn planted_band_is_flagged_with_a_normal_peer() {
         let runs = article_runs(true);
         let flagged = detect(&runs, &RegressionRule::default());
-        let expected: Vec<String> = (0..34).filter(|i| i % 7 == 3).map(|i| format!("run-{i:02}")).collect();
+        let expected: Vec<String> = (0..34)
+            .filter(|i| i % 7 == 3)
+            .map(|i| format!("run-{i:02}"))
+            .collect();
         let got: Vec<String> = flagged.iter().map(|f| f.id.clone()).collect();
         assert_eq!(got, expected);
         for f in &flagged {
@@ -247,7 +254,13 @@ mod tests {
 
     #[test]
     fn pareto_and_right_sizing() {
-        let pts = vec![(100.0, 0.50), (200.0, 0.41), (300.0, 0.40), (250.0, 0.45), (400.0, 0.405)];
+        let pts = vec![
+            (100.0, 0.50),
+            (200.0, 0.41),
+            (300.0, 0.40),
+            (250.0, 0.45),
+            (400.0, 0.405),
+        ];
         assert_eq!(pareto_front(&pts), vec![0, 1, 2]);
         assert_eq!(right_size(&pts, 0.05), Some((2, 1)));
         assert_eq!(right_size(&pts, 0.0), Some((2, 2)));
@@ -258,6 +271,13 @@ mod tests {
     fn config_diff_lists_changed_keys() {
         let a = serde_json::json!({"model": {"hidden": [48, 48], "activation": "relu"}, "seed": 1});
         let b = serde_json::json!({"model": {"hidden": [48, 48], "activation": "gelu"}, "seed": 1});
-        assert_eq!(config_diff(&a, &b), vec![("model.activation".to_string(), "relu".to_string(), "gelu".to_string())]);
+        assert_eq!(
+            config_diff(&a, &b),
+            vec![(
+                "model.activation".to_string(),
+                "relu".to_string(),
+                "gelu".to_string()
+            )]
+        );
     }
 }

@@ -70,7 +70,10 @@ fn cpuinfo() -> (String, Option<usize>) {
             phys = v.trim_start_matches([' ', '\t', ':']).to_string();
         }
         if let Some(v) = l.strip_prefix("core id") {
-            cores.insert((phys.clone(), v.trim_start_matches([' ', '\t', ':']).to_string()));
+            cores.insert((
+                phys.clone(),
+                v.trim_start_matches([' ', '\t', ':']).to_string(),
+            ));
         }
     }
     (model, (!cores.is_empty()).then_some(cores.len()))
@@ -108,7 +111,10 @@ fn cuda_report() -> Option<CudaReport> {
         for i in 0..n {
             if let Ok(d) = nvml.device_by_index(i) {
                 let name = d.name().unwrap_or_else(|_| "unknown".into());
-                let mem = d.memory_info().map(|m| m.total / (1024 * 1024)).unwrap_or(0);
+                let mem = d
+                    .memory_info()
+                    .map(|m| m.total / (1024 * 1024))
+                    .unwrap_or(0);
                 r.gpus.push(format!("{name} ({mem} MiB)"));
             }
         }
@@ -179,8 +185,18 @@ impl DoctorReport {
         kv("kiln", self.kiln_version.clone());
         kv("burn", self.burn_version.clone());
         kv("rustc", self.rustc.clone());
-        kv("target", format!("{} ({})", self.target, self.build_profile));
-        kv("features", if self.features.is_empty() { "(none)".into() } else { self.features.join(", ") });
+        kv(
+            "target",
+            format!("{} ({})", self.target, self.build_profile),
+        );
+        kv(
+            "features",
+            if self.features.is_empty() {
+                "(none)".into()
+            } else {
+                self.features.join(", ")
+            },
+        );
         kv("backends", self.backends.join(", "));
         kv("default device", self.default_device.clone());
         kv("cpu", self.cpu_model.clone());
@@ -189,20 +205,54 @@ impl DoctorReport {
             format!(
                 "{} logical{}",
                 self.logical_cores,
-                self.physical_cores.map(|p| format!(", {p} physical")).unwrap_or_default()
+                self.physical_cores
+                    .map(|p| format!(", {p} physical"))
+                    .unwrap_or_default()
             ),
         );
         kv("rayon threads", self.rayon_threads.to_string());
-        kv("thread env", if self.thread_env.is_empty() { "(none set)".into() } else { self.thread_env.join(" ") });
+        kv(
+            "thread env",
+            if self.thread_env.is_empty() {
+                "(none set)".into()
+            } else {
+                self.thread_env.join(" ")
+            },
+        );
         kv("os", self.os.clone());
-        kv("memory", self.memory_total_mb.map(|m| format!("{m} MiB")).unwrap_or_else(|| "unknown".into()));
+        kv(
+            "memory",
+            self.memory_total_mb
+                .map(|m| format!("{m} MiB"))
+                .unwrap_or_else(|| "unknown".into()),
+        );
         match &self.cuda {
             None => kv("cuda", "not built (rebuild with --features cuda)".into()),
             Some(c) => {
-                kv("cuda", if c.available { "available".into() } else { format!("unavailable: {}", c.error.clone().unwrap_or_default()) });
-                kv("driver", c.driver_version.clone().unwrap_or_else(|| "unknown".into()));
-                kv("cuda version", c.cuda_version.clone().unwrap_or_else(|| "unknown".into()));
-                kv("gpus", if c.gpus.is_empty() { "(none)".into() } else { c.gpus.join("; ") });
+                kv(
+                    "cuda",
+                    if c.available {
+                        "available".into()
+                    } else {
+                        format!("unavailable: {}", c.error.clone().unwrap_or_default())
+                    },
+                );
+                kv(
+                    "driver",
+                    c.driver_version.clone().unwrap_or_else(|| "unknown".into()),
+                );
+                kv(
+                    "cuda version",
+                    c.cuda_version.clone().unwrap_or_else(|| "unknown".into()),
+                );
+                kv(
+                    "gpus",
+                    if c.gpus.is_empty() {
+                        "(none)".into()
+                    } else {
+                        c.gpus.join("; ")
+                    },
+                );
             }
         }
         s
@@ -218,9 +268,22 @@ mod tests {
         let r = report();
         let v = serde_json::to_value(&r).unwrap();
         for k in [
-            "kiln_version", "burn_version", "rustc", "target", "build_profile", "features", "backends",
-            "default_device", "cpu_model", "logical_cores", "physical_cores", "rayon_threads",
-            "thread_env", "os", "memory_total_mb", "cuda",
+            "kiln_version",
+            "burn_version",
+            "rustc",
+            "target",
+            "build_profile",
+            "features",
+            "backends",
+            "default_device",
+            "cpu_model",
+            "logical_cores",
+            "physical_cores",
+            "rayon_threads",
+            "thread_env",
+            "os",
+            "memory_total_mb",
+            "cuda",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

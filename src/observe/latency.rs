@@ -38,7 +38,10 @@ pub struct LatencyReport {
 impl LatencyReport {
     /// The median at `batch`, if measured.
     pub fn p50(&self, batch: usize) -> Option<f64> {
-        self.batches.iter().find(|b| b.batch == batch).map(|b| b.p50_us)
+        self.batches
+            .iter()
+            .find(|b| b.batch == batch)
+            .map(|b| b.p50_us)
     }
 }
 
@@ -79,7 +82,12 @@ pub fn measure(
     for &batch in batches {
         let mut r = SplitMix64::derive(0x1a7e, &[batch as u64]);
         let x: Vec<f32> = (0..batch)
-            .flat_map(|_| feats.iter().map(|f| (f.mean + f.std * r.normal()) as f32).collect::<Vec<_>>())
+            .flat_map(|_| {
+                feats
+                    .iter()
+                    .map(|f| (f.mean + f.std * r.normal()) as f32)
+                    .collect::<Vec<_>>()
+            })
             .collect();
         for _ in 0..(min_iters / 4).max(20) {
             predictor.predict_into(&x, batch, &mut out)?;

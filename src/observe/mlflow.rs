@@ -34,9 +34,9 @@ pub struct Client {
 impl Client {
     /// Parse a tracking URI.
     pub fn new(uri: &str) -> Result<Self, String> {
-        let rest = uri
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("unsupported tracking URI {uri:?}: kiln's mirror speaks plain http:// only"))?;
+        let rest = uri.strip_prefix("http://").ok_or_else(|| {
+            format!("unsupported tracking URI {uri:?}: kiln's mirror speaks plain http:// only")
+        })?;
         let (authority, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/').to_string()),
             None => (rest, String::new()),
@@ -44,7 +44,8 @@ impl Client {
         let (host, port) = match authority.rsplit_once(':') {
             Some((h, p)) => (
                 h.to_string(),
-                p.parse().map_err(|_| format!("bad port in tracking URI {uri:?}"))?,
+                p.parse()
+                    .map_err(|_| format!("bad port in tracking URI {uri:?}"))?,
             ),
             None => (authority.to_string(), 80),
         };
@@ -57,13 +58,19 @@ impl Client {
     }
 
     /// Send a request; returns the status code and the parsed JSON body.
-    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), String> {
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value), String> {
         let addr = (self.host.as_str(), self.port)
             .to_socket_addrs()
             .map_err(|e| format!("{}:{}: {e}", self.host, self.port))?
             .next()
             .ok_or_else(|| format!("{}:{}: no address", self.host, self.port))?;
-        let mut s = TcpStream::connect_timeout(&addr, self.timeout).map_err(|e| format!("{addr}: {e}"))?;
+        let mut s =
+            TcpStream::connect_timeout(&addr, self.timeout).map_err(|e| format!("{addr}: {e}"))?;
         s.set_read_timeout(Some(self.timeout)).ok();
         s.set_write_timeout(Some(self.timeout)).ok();
         let payload = body.map(|b| b.to_string()).unwrap_or_default();
@@ -74,9 +81,11 @@ impl Client {
             self.port,
             payload.len()
         );
-        s.write_all(req.as_bytes()).map_err(|e| format!("{addr}: {e}"))?;
+        s.write_all(req.as_bytes())
+            .map_err(|e| format!("{addr}: {e}"))?;
         let mut raw = Vec::new();
-        s.read_to_end(&mut raw).map_err(|e| format!("{addr}: {e}"))?;
+        s.read_to_end(&mut raw)
+            .map_err(|e| format!("{addr}: {e}"))?;
         let text = String::from_utf8_lossy(&raw);
         let (head, body) = text
             .split_once("\r\n\r\n")
@@ -86,10 +95,15 @@ impl Client {
             .nth(1)
             .and_then(|c| c.parse().ok())
             .ok_or_else(|| format!("{addr}: malformed status line"))?;
-        let chunked = head
-            .lines()
-            .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.to_ascii_lowercase().contains("chunked"));
-        let body = if chunked { dechunk(body) } else { body.to_string() };
+        let chunked = head.lines().any(|l| {
+            l.to_ascii_lowercase().starts_with("transfer-encoding:")
+                && l.to_ascii_lowercase().contains("chunked")
+        });
+        let body = if chunked {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
         let json = if body.trim().is_empty() {
             Value::Null
         } else {
@@ -162,7 +176,8 @@ impl Mirror {
     /// failure.
     pub fn from_env(run: &RunDir, loaded: &LoadedConfig) -> Option<Self> {
         let uri = std::env::var("MLFLOW_TRACKING_URI").ok()?;
-        let experiment = std::env::var("MLFLOW_EXPERIMENT_NAME").unwrap_or_else(|_| format!("kiln-{}", loaded.config.name));
+        let experiment = std::env::var("MLFLOW_EXPERIMENT_NAME")
+            .unwrap_or_else(|_| format!("kiln-{}", loaded.config.name));
         match Self::start(&uri, &experiment, run, loaded) {
             Ok(m) => Some(m),
             Err(e) => {
@@ -174,7 +189,12 @@ impl Mirror {
     }
 
     /// Create (or find) the experiment, create the run and log the config as params.
-    pub fn start(uri: &str, experiment: &str, run: &RunDir, loaded: &LoadedConfig) -> Result<Self, String> {
+    pub fn start(
+        uri: &str,
+        experiment: &str,
+        run: &RunDir,
+        loaded: &LoadedConfig,
+    ) -> Result<Self, String> {
         let client = Client::new(uri)?;
         let path = format!(
             "/api/2.0/mlflow/experiments/get-by-name?experiment_name={}",
@@ -183,8 +203,10 @@ impl Mirror {
         let (status, v) = client.call("GET", &path, None)?;
         let experiment_id = match (status, v["experiment"]["experiment_id"].as_str()) {
             (200, Some(id)) => id.to_string(),
-            _ => client
-                .post("/api/2.0/mlflow/experiments/create", &json!({ "name": experiment }))?["experiment_id"]
+            _ => client.post(
+                "/api/2.0/mlflow/experiments/create",
+                &json!({ "name": experiment }),
+            )?["experiment_id"]
                 .as_str()
                 .ok_or("experiments/create returned no experiment_id")?
                 .to_string(),
@@ -208,7 +230,11 @@ impl Mirror {
             .to_string();
         let mirror = Self { client, run_id };
         let mut params = Vec::new();
-        flatten("", &serde_json::to_value(&loaded.config).map_err(|e| e.to_string())?, &mut params);
+        flatten(
+            "",
+            &serde_json::to_value(&loaded.config).map_err(|e| e.to_string())?,
+            &mut params,
+        );
         for chunk in params.chunks(MAX_PARAMS_PER_BATCH) {
             let ps: Vec<Value> = chunk
                 .iter()
@@ -280,7 +306,9 @@ impl Mirror {
 fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -326,9 +354,14 @@ mod tests {
                 let text = String::from_utf8_lossy(&buf).to_string();
                 let (head, body) = text.split_once("\r\n\r\n").unwrap();
                 let mut first = head.lines().next().unwrap().split_whitespace();
-                let (method, path) = (first.next().unwrap().to_string(), first.next().unwrap().to_string());
+                let (method, path) = (
+                    first.next().unwrap().to_string(),
+                    first.next().unwrap().to_string(),
+                );
                 let json: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-                l2.lock().unwrap().push((method.clone(), path.clone(), json));
+                l2.lock()
+                    .unwrap()
+                    .push((method.clone(), path.clone(), json));
                 let (code, reply) = if path.contains("get-by-name") {
                     (404, json!({"error_code": "RESOURCE_DOES_NOT_EXIST"}))
                 } else if path.ends_with("experiments/create") {
@@ -339,7 +372,10 @@ mod tests {
                     (200, json!({}))
                 };
                 let body = reply.to_string();
-                let resp = format!("HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                let resp = format!(
+                    "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
                 let _ = s.write_all(resp.as_bytes());
             }
         });
@@ -347,9 +383,15 @@ mod tests {
     }
 
     fn loaded() -> LoadedConfig {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/tiny.yaml")).unwrap();
+        let text =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/tiny.yaml"))
+                .unwrap();
         let config = crate::config::parse(&text, std::path::Path::new("tiny.yaml")).unwrap();
-        LoadedConfig { config, text, path: "tiny.yaml".into() }
+        LoadedConfig {
+            config,
+            text,
+            path: "tiny.yaml".into(),
+        }
     }
 
     #[test]
@@ -378,23 +420,55 @@ mod tests {
                 validation_s: 0.0,
             })
             .collect();
-        m.finish(&epochs, &RunEnd { status: "finished".into(), val_metric: Some(0.4), ..RunEnd::default() });
+        m.finish(
+            &epochs,
+            &RunEnd {
+                status: "finished".into(),
+                val_metric: Some(0.4),
+                ..RunEnd::default()
+            },
+        );
         let log = log.lock().unwrap();
         let paths: Vec<&str> = log.iter().map(|(_, p, _)| p.as_str()).collect();
-        assert_eq!(paths[0], "/api/2.0/mlflow/experiments/get-by-name?experiment_name=kiln%20tiny");
+        assert_eq!(
+            paths[0],
+            "/api/2.0/mlflow/experiments/get-by-name?experiment_name=kiln%20tiny"
+        );
         assert_eq!(paths[1], "/api/2.0/mlflow/experiments/create");
         assert_eq!(log[1].2["name"], "kiln tiny");
         assert_eq!(paths[2], "/api/2.0/mlflow/runs/create");
         assert_eq!(log[2].2["experiment_id"], "7");
         assert_eq!(log[2].2["run_name"], run.id.as_str());
         // Params: the flattened config, at most 100 per request.
-        let params: Vec<&Value> = log.iter().filter(|(_, p, b)| p.ends_with("log-batch") && !b["params"].as_array().unwrap().is_empty()).map(|x| &x.2).collect();
+        let params: Vec<&Value> = log
+            .iter()
+            .filter(|(_, p, b)| {
+                p.ends_with("log-batch") && !b["params"].as_array().unwrap().is_empty()
+            })
+            .map(|x| &x.2)
+            .collect();
         assert!(!params.is_empty());
-        assert!(params.iter().all(|b| b["params"].as_array().unwrap().len() <= MAX_PARAMS_PER_BATCH));
-        let all: Vec<&Value> = params.iter().flat_map(|b| b["params"].as_array().unwrap()).collect();
-        assert!(all.iter().any(|p| p["key"] == "loader.batch_size" && p["value"] == "64"));
+        assert!(
+            params
+                .iter()
+                .all(|b| b["params"].as_array().unwrap().len() <= MAX_PARAMS_PER_BATCH)
+        );
+        let all: Vec<&Value> = params
+            .iter()
+            .flat_map(|b| b["params"].as_array().unwrap())
+            .collect();
+        assert!(
+            all.iter()
+                .any(|p| p["key"] == "loader.batch_size" && p["value"] == "64")
+        );
         // Metrics: 300 epochs × 6 + 1 final = 1801 → two requests of ≤ 1000.
-        let metric_batches: Vec<usize> = log.iter().filter(|(_, p, b)| p.ends_with("log-batch") && !b["metrics"].as_array().unwrap().is_empty()).map(|x| x.2["metrics"].as_array().unwrap().len()).collect();
+        let metric_batches: Vec<usize> = log
+            .iter()
+            .filter(|(_, p, b)| {
+                p.ends_with("log-batch") && !b["metrics"].as_array().unwrap().is_empty()
+            })
+            .map(|x| x.2["metrics"].as_array().unwrap().len())
+            .collect();
         assert_eq!(metric_batches, vec![1000, 801]);
         let last = log.last().unwrap();
         assert_eq!(last.1, "/api/2.0/mlflow/runs/update");
@@ -412,6 +486,9 @@ mod tests {
         assert!(Mirror::start(&uri, "x", &run, &loaded()).is_err());
         assert!(Client::new("https://mlflow.example.com").is_err());
         let c = Client::new("http://localhost:5000/prefix/").unwrap();
-        assert_eq!((c.host.as_str(), c.port, c.prefix.as_str()), ("localhost", 5000, "/prefix"));
+        assert_eq!(
+            (c.host.as_str(), c.port, c.prefix.as_str()),
+            ("localhost", 5000, "/prefix")
+        );
     }
 }

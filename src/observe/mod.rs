@@ -1,11 +1,11 @@
 //! Observability: the scheduled profiler (on `tracing` spans), the resource trace, the
 //! bottleneck verdict, `kiln doctor`, and plots. Called from every stage; calls none of them.
 
-pub mod doctor;
-pub mod plot;
 pub mod analysis;
+pub mod doctor;
 pub mod latency;
 pub mod mlflow;
+pub mod plot;
 pub mod profiler;
 pub mod registry;
 pub mod resources;
@@ -28,5 +28,8 @@ pub fn install_subscriber() {
     let prof = profiler::ProfilerLayer.with_filter(tracing_subscriber::filter::filter_fn(
         profiler::profiler_filter,
     ));
-    let _ = tracing_subscriber::registry().with(fmt).with(prof).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(prof)
+        .try_init();
 }

@@ -112,7 +112,8 @@ impl Visit for FieldCollector<'_> {
         if field.name() == "path" {
             *self.name = Some(value.to_string());
         } else {
-            self.args.insert(field.name().to_string(), value.to_string());
+            self.args
+                .insert(field.name().to_string(), value.to_string());
         }
     }
 
@@ -549,16 +550,26 @@ pub struct ProfileOutputs {
 }
 
 /// Write `trace.json`, `key_averages.json` and `key_averages.txt` into `dir`.
-pub fn write_outputs(events: &[Event], dir: &Path, step_name: &str) -> Result<ProfileOutputs, ArtifactError> {
+pub fn write_outputs(
+    events: &[Event],
+    dir: &Path,
+    step_name: &str,
+) -> Result<ProfileOutputs, ArtifactError> {
     std::fs::create_dir_all(dir).map_err(|source| ArtifactError::Io {
         path: dir.to_path_buf(),
         source,
     })?;
     let trace = dir.join("trace.json");
-    write_atomic(&trace, &serde_json::to_vec(&chrome_trace(events)).expect("json"))?;
+    write_atomic(
+        &trace,
+        &serde_json::to_vec(&chrome_trace(events)).expect("json"),
+    )?;
     let averages = key_averages(events, step_name);
     let table_json = dir.join("key_averages.json");
-    write_atomic(&table_json, &serde_json::to_vec_pretty(&averages).expect("json"))?;
+    write_atomic(
+        &table_json,
+        &serde_json::to_vec_pretty(&averages).expect("json"),
+    )?;
     let table_txt = dir.join("key_averages.txt");
     let text = format!(
         "{}\n-- sorted by self time --\n{}",
@@ -630,7 +641,15 @@ pub fn diff(a: &KeyAverages, b: &KeyAverages) -> Vec<DiffRow> {
 pub fn diff_table(rows: &[DiffRow]) -> String {
     let mut s = format!(
         "{:<34} {:>9} {:>9} {:>12} {:>12} {:>10} {:>10} {:>8} {:>11}\n",
-        "name", "calls A", "calls B", "µs/step A", "µs/step B", "avg A", "avg B", "ratio", "Δ µs/step"
+        "name",
+        "calls A",
+        "calls B",
+        "µs/step A",
+        "µs/step B",
+        "avg A",
+        "avg B",
+        "ratio",
+        "Δ µs/step"
     );
     for r in rows {
         s.push_str(&format!(
@@ -705,7 +724,13 @@ mod tests {
         }
         let fwd = t.rows.iter().find(|r| r.name == "forward").unwrap();
         assert!((fwd.pct_of_step - 100.0 * 40.0 / 150.0).abs() < 1e-9);
-        assert!(t.table(SortBy::SelfTime, 10).lines().nth(1).unwrap().starts_with("train_step"));
+        assert!(
+            t.table(SortBy::SelfTime, 10)
+                .lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("train_step")
+        );
     }
 
     #[test]
@@ -727,8 +752,14 @@ mod tests {
                 })
                 .collect(),
         };
-        let a = mk(vec![("matmul", 10, 100.0), ("relu", 10, 20.0), ("gone", 10, 5.0)], 10);
-        let b = mk(vec![("matmul", 20, 400.0), ("relu", 20, 40.0), ("new", 20, 30.0)], 20);
+        let a = mk(
+            vec![("matmul", 10, 100.0), ("relu", 10, 20.0), ("gone", 10, 5.0)],
+            10,
+        );
+        let b = mk(
+            vec![("matmul", 20, 400.0), ("relu", 20, 40.0), ("new", 20, 30.0)],
+            20,
+        );
         let d = diff(&a, &b);
         // Per step: matmul 10 → 20 µs (+10), new 0 → 1.5 (+1.5), relu 2 → 2, gone 0.5 → 0.
         assert_eq!(d[0].name, "matmul");

@@ -252,8 +252,10 @@ impl Registry {
         };
         let conn = Connection::open(path).map_err(sql)?;
         conn.busy_timeout(Duration::from_secs(30)).map_err(sql)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(sql)?;
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(sql)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql)?;
         let mut reg = Self {
             conn,
             path: path.to_path_buf(),
@@ -291,7 +293,8 @@ impl Registry {
             .map_err(&sql)?;
         for (i, m) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
             tx.execute_batch(m).map_err(&sql)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(&sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(&sql)?;
         }
         tx.commit().map_err(&sql)
     }
@@ -467,7 +470,10 @@ impl Registry {
             .conn
             .prepare("SELECT * FROM runs WHERE id LIKE ?1 || '%' ESCAPE '\\' ORDER BY id")
             .map_err(self.err())?;
-        let escaped = id.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_");
+        let escaped = id
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
         let rows: Vec<RunRow> = stmt
             .query_map([escaped], Self::row)
             .map_err(self.err())?
@@ -478,7 +484,10 @@ impl Registry {
             1 => Ok(rows.into_iter().next().expect("one")),
             _ => Err(RegistryError::Ambiguous(
                 id.to_string(),
-                rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(", "),
+                rows.iter()
+                    .map(|r| r.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             )),
         }
     }
@@ -605,11 +614,20 @@ mod tests {
             .unwrap();
         assert_eq!(reg.reap_stale().unwrap(), 1);
         assert_eq!(reg.get("dead").unwrap().status, "killed");
-        assert!(reg.get("dead").unwrap().reason.unwrap().contains("disappeared"));
+        assert!(
+            reg.get("dead")
+                .unwrap()
+                .reason
+                .unwrap()
+                .contains("disappeared")
+        );
         assert_eq!(reg.get("alive").unwrap().status, "running");
         // A recycled pid (same number, different start time) is not the original process.
         reg.conn
-            .execute("UPDATE runs SET pid_start = pid_start + 1 WHERE id = 'alive'", [])
+            .execute(
+                "UPDATE runs SET pid_start = pid_start + 1 WHERE id = 'alive'",
+                [],
+            )
             .unwrap();
         assert_eq!(reg.reap_stale().unwrap(), 1);
     }

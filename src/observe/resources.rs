@@ -98,7 +98,8 @@ impl Trace {
 
     /// CSV text.
     pub fn to_csv(&self) -> String {
-        let mut s = String::from("t_s,cpu_pct,cpu_pct_per_core,rss_mb,gpu_util_pct,gpu_mem_mb,stage\n");
+        let mut s =
+            String::from("t_s,cpu_pct,cpu_pct_per_core,rss_mb,gpu_util_pct,gpu_mem_mb,stage\n");
         let opt = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_default();
         for x in &self.samples {
             s.push_str(&format!(
@@ -145,7 +146,9 @@ impl GpuProbe for Nvml {
         match self.nvml.device_by_index(0) {
             Ok(d) => (
                 d.utilization_rates().ok().map(|u| u.gpu as f64),
-                d.memory_info().ok().map(|m| m.used as f64 / (1024.0 * 1024.0)),
+                d.memory_info()
+                    .ok()
+                    .map(|m| m.used as f64 / (1024.0 * 1024.0)),
             ),
             Err(_) => (None, None),
         }
@@ -268,10 +271,12 @@ pub fn write_trace(trace: &Trace, dir: &Path) -> Result<Vec<PathBuf>, ArtifactEr
     let csv = dir.join("resources.csv");
     write_atomic(&csv, trace.to_csv().as_bytes())?;
     let fig = figure(trace);
-    let (svg, png) = fig.save(&dir.join("resources")).map_err(|source| ArtifactError::Io {
-        path: dir.join("resources.{svg,png}"),
-        source,
-    })?;
+    let (svg, png) = fig
+        .save(&dir.join("resources"))
+        .map_err(|source| ArtifactError::Io {
+            path: dir.join("resources.{svg,png}"),
+            source,
+        })?;
     Ok(vec![csv, svg, png])
 }
 
@@ -289,10 +294,16 @@ pub fn figure(trace: &Trace) -> super::plot::Figure {
             label: m.label.clone(),
         })
         .collect();
-    let mut mem = Panel::new("Resident memory", "time (s)", "RSS (MiB)")
-        .series(Series::line("RSS", Color::BLUE, pts(&|s| s.rss_mb)));
-    let mut cpu = Panel::new("CPU", "time (s)", "CPU (% of all cores)")
-        .series(Series::line("process CPU", Color::ORANGE, pts(&|s| s.cpu_pct_per_core)));
+    let mut mem = Panel::new("Resident memory", "time (s)", "RSS (MiB)").series(Series::line(
+        "RSS",
+        Color::BLUE,
+        pts(&|s| s.rss_mb),
+    ));
+    let mut cpu = Panel::new("CPU", "time (s)", "CPU (% of all cores)").series(Series::line(
+        "process CPU",
+        Color::ORANGE,
+        pts(&|s| s.cpu_pct_per_core),
+    ));
     if trace.samples.iter().any(|s| s.gpu_util_pct.is_some()) {
         cpu = cpu.series(Series::line(
             "GPU util",
@@ -353,7 +364,12 @@ mod tests {
         assert_eq!(t.markers.len(), 2);
         assert!(t.samples.iter().any(|s| s.stage == "variance"));
         assert!(t.samples.windows(2).all(|w| w[0].t_s <= w[1].t_s));
-        let busy = t.samples.iter().filter(|s| s.stage == "mean").map(|s| s.cpu_pct).fold(0.0, f64::max);
+        let busy = t
+            .samples
+            .iter()
+            .filter(|s| s.stage == "mean")
+            .map(|s| s.cpu_pct)
+            .fold(0.0, f64::max);
         assert!(busy > 20.0, "a spinning thread shows CPU use: {busy}");
         let csv = t.to_csv();
         assert_eq!(csv.lines().count(), t.samples.len() + 1);

@@ -94,10 +94,7 @@ mod tests {
             repeat: 3,
         };
         assert_eq!(s.recorded_steps(), vec![0, 1, 2]);
-        let none = Schedule {
-            active: 0,
-            ..s
-        };
+        let none = Schedule { active: 0, ..s };
         assert!(none.recorded_steps().is_empty());
     }
 }

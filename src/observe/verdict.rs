@@ -141,12 +141,20 @@ mod tests {
         let v = verdict(&t(6.0, 4.0, 0.5, 0));
         assert_eq!(v.bound, Bound::InputBound);
         assert!((v.data_wait_frac - 0.6).abs() < 1e-12);
-        assert!(v.advice.contains("raise loader.num_workers from 0 to 2"), "{}", v.advice);
+        assert!(
+            v.advice.contains("raise loader.num_workers from 0 to 2"),
+            "{}",
+            v.advice
+        );
         let v = verdict(&t(3.0, 7.0, 0.5, 1));
         assert!(v.advice.contains("from 1 to 2"), "{}", v.advice);
         let v = verdict(&t(3.0, 7.0, 0.9, 2));
         assert_eq!(v.bound, Bound::InputBound);
-        assert!(v.advice.contains("more workers cannot help"), "{}", v.advice);
+        assert!(
+            v.advice.contains("more workers cannot help"),
+            "{}",
+            v.advice
+        );
     }
 
     #[test]

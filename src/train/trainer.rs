@@ -730,8 +730,14 @@ pub fn train<B: AutodiffBackend>(
     let weights = HostWeights::from_model(&inner);
     // The int8 engine's accuracy change on the test split, stored with the checkpoint so the
     // serving tier can decide whether to use it.
-    let int8 = crate::infer::int8_accuracy_on(&weights, &prep.x_stats, &prep.y_stats, &data.test.x, &data.test.y)
-        .ok();
+    let int8 = crate::infer::int8_accuracy_on(
+        &weights,
+        &prep.x_stats,
+        &prep.y_stats,
+        &data.test.x,
+        &data.test.y,
+    )
+    .ok();
     let mut split = std::collections::BTreeMap::new();
     split.insert("train".to_string(), cfg.data.split.train.to_string());
     split.insert(

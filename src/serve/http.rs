@@ -1,0 +1,468 @@
+//! The HTTP layer: Open Inference Protocol v2 routes on axum. It resolves models in the
+//! repository, parses and decodes requests, hands them to a version's batcher and encodes
+//! the answer; it holds no batching logic.
+//!
+//! Status codes: 400 bad request, 404 unknown model, version or route, 405 wrong method,
+//! 413 body over the limit, 500 engine failure, 503 not ready, queue full or timed out.
+//! Every error body is `{"error": "..."}`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::{Value, json};
+
+use super::batcher::InferFailure;
+use super::metrics::{Failure, Metrics};
+use super::protocol::{HEADER_LENGTH, InferRequest, encode_response, select_outputs};
+use super::repository::{LoadedVersion, ModelSlot, Repository};
+
+/// What the handlers share.
+pub struct AppState {
+    /// The models.
+    pub repo: Arc<Repository>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Per-request deadline.
+    pub request_timeout: Duration,
+}
+
+type Shared = State<Arc<AppState>>;
+
+/// An error answer.
+pub fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, axum::Json(json!({"error": msg.into()}))).into_response()
+}
+
+fn ok_json(v: Value) -> Response {
+    (StatusCode::OK, axum::Json(v)).into_response()
+}
+
+/// The router.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route("/v2/models/{name}/config", get(model_config))
+        .route("/v2/models/{name}/infer", post(infer))
+        .route(
+            "/v2/models/{name}/versions/{version}",
+            get(model_metadata_v),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/ready",
+            get(model_ready_v),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/config",
+            get(model_config_v),
+        )
+        .route("/v2/models/{name}/versions/{version}/infer", post(infer_v))
+        .route("/metrics", get(metrics))
+        .fallback(|req: axum::extract::Request| async move {
+            error(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no route {} {}; see GET /v2 and GET /v2/models/<name>",
+                    req.method(),
+                    req.uri().path()
+                ),
+            )
+        })
+        .method_not_allowed_fallback(|req: axum::extract::Request| async move {
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!(
+                    "method {} is not allowed on {}",
+                    req.method(),
+                    req.uri().path()
+                ),
+            )
+        })
+        .with_state(state)
+}
+
+async fn live() -> Response {
+    ok_json(json!({"live": true}))
+}
+
+async fn ready(State(s): Shared) -> Response {
+    if s.repo.ready() {
+        ok_json(json!({"ready": true}))
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"ready": false})),
+        )
+            .into_response()
+    }
+}
+
+async fn server_metadata() -> Response {
+    ok_json(json!({
+        "name": "kiln",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": ["binary_tensor_data", "model_configuration"],
+    }))
+}
+
+async fn metrics(State(s): Shared) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+/// A failed model lookup.
+struct Lookup(StatusCode, String);
+
+fn find_slot(s: &AppState, name: &str) -> Result<Arc<ModelSlot>, Lookup> {
+    s.repo.get(name).ok_or_else(|| {
+        let names = s.repo.names();
+        Lookup(
+            StatusCode::NOT_FOUND,
+            format!(
+                "unknown model `{name}`; the repository has: {}",
+                if names.is_empty() {
+                    "(no models)".into()
+                } else {
+                    names.join(", ")
+                }
+            ),
+        )
+    })
+}
+
+fn resolve(
+    s: &AppState,
+    name: &str,
+    version: Option<&str>,
+) -> Result<(Arc<ModelSlot>, Arc<LoadedVersion>), Lookup> {
+    let slot = find_slot(s, name)?;
+    let current = slot.current();
+    let not_ready = |slot: &ModelSlot| {
+        let why = slot
+            .last_error()
+            .map(|e| format!("no version loaded ({e})"))
+            .unwrap_or_else(|| "loading".into());
+        Lookup(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("model `{name}` is not ready: {why}"),
+        )
+    };
+    match version {
+        None => match current {
+            Some(c) => Ok((slot, c)),
+            None => Err(not_ready(&slot)),
+        },
+        Some(v) => {
+            let Ok(v) = v.parse::<u64>() else {
+                return Err(Lookup(
+                    StatusCode::NOT_FOUND,
+                    format!("model `{name}` has no version `{v}` (versions are numbers)"),
+                ));
+            };
+            if let Some(c) = current.as_ref().filter(|c| c.version == v) {
+                return Ok((slot.clone(), c.clone()));
+            }
+            let available = slot.available();
+            let serving = current.as_ref().map(|c| c.version);
+            if !available.contains(&v) {
+                return Err(Lookup(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "model `{name}` has no version {v}; versions on disk: {:?}, serving: {}",
+                        available,
+                        serving.map_or("none".into(), |s| s.to_string())
+                    ),
+                ));
+            }
+            match serving {
+                Some(s) if v < s => Err(Lookup(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "model `{name}` version {v} is not loaded: the version policy serves the latest version, {s}"
+                    ),
+                )),
+                _ => Err(not_ready(&slot)),
+            }
+        }
+    }
+}
+
+fn metadata(lv: &LoadedVersion) -> Value {
+    json!({
+        "name": lv.model,
+        "versions": [lv.version.to_string()],
+        "platform": lv.spec.platform(),
+        "inputs": lv.spec.inputs.iter().map(|t| t.metadata()).collect::<Vec<_>>(),
+        "outputs": lv.spec.outputs.iter().map(|t| t.metadata()).collect::<Vec<_>>(),
+    })
+}
+
+async fn model_metadata(State(s): Shared, Path(name): Path<String>) -> Response {
+    metadata_for(&s, &name, None)
+}
+
+async fn model_metadata_v(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
+    metadata_for(&s, &name, Some(&v))
+}
+
+fn metadata_for(s: &AppState, name: &str, v: Option<&str>) -> Response {
+    match resolve(s, name, v) {
+        Ok((_, lv)) => ok_json(metadata(&lv)),
+        Err(Lookup(code, msg)) => error(code, msg),
+    }
+}
+
+async fn model_ready(State(s): Shared, Path(name): Path<String>) -> Response {
+    ready_for(&s, &name, None)
+}
+
+async fn model_ready_v(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
+    ready_for(&s, &name, Some(&v))
+}
+
+fn ready_for(s: &AppState, name: &str, v: Option<&str>) -> Response {
+    match resolve(s, name, v) {
+        Ok(_) => ok_json(json!({"name": name, "ready": true})),
+        Err(Lookup(StatusCode::SERVICE_UNAVAILABLE, msg)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"name": name, "ready": false, "error": msg})),
+        )
+            .into_response(),
+        Err(Lookup(code, msg)) => error(code, msg),
+    }
+}
+
+async fn model_config(State(s): Shared, Path(name): Path<String>) -> Response {
+    config_for(&s, &name, None)
+}
+
+async fn model_config_v(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
+    config_for(&s, &name, Some(&v))
+}
+
+fn config_for(s: &AppState, name: &str, v: Option<&str>) -> Response {
+    let (_, lv) = match resolve(s, name, v) {
+        Ok(x) => x,
+        Err(Lookup(code, msg)) => return error(code, msg),
+    };
+    let cfg = s.repo.config();
+    let b = &cfg.batcher;
+    ok_json(json!({
+        "name": lv.model,
+        "platform": lv.spec.platform(),
+        "backend": "kiln",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": b.max_batch_size,
+        "input": lv.spec.inputs.iter().map(|t| t.config()).collect::<Vec<_>>(),
+        "output": lv.spec.outputs.iter().map(|t| t.config()).collect::<Vec<_>>(),
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": b.max_queue_delay.as_micros() as u64,
+            "preferred_batch_size": super::model::buckets(b.max_batch_size),
+            "default_queue_policy": {
+                "max_queue_size": b.max_queue_size,
+                "default_timeout_microseconds": s.request_timeout.as_micros() as u64,
+            },
+        },
+        "instance_group": [{"count": b.instances, "kind": "KIND_CPU", "threads": b.threads_per_instance}],
+        "engine": cfg.engine,
+        "version": lv.version,
+        "kiln": lv.spec.describe(),
+    }))
+}
+
+async fn infer(
+    State(s): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    infer_for(s, name, None, headers, body).await
+}
+
+async fn infer_v(
+    State(s): Shared,
+    Path((name, v)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    infer_for(s, name, Some(v), headers, body).await
+}
+
+async fn read_body(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    let too_big = |n: Option<u64>| {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "request body {}exceeds the limit of {} bytes (--max-body-bytes)",
+                n.map(|n| format!("of {n} bytes ")).unwrap_or_default(),
+                s.max_body_bytes
+            ),
+        )
+    };
+    if let Some(n) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && n > s.max_body_bytes as u64
+    {
+        return Err(too_big(Some(n)));
+    }
+    match Limited::new(body, s.max_body_bytes).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(too_big(None)),
+        Err(e) => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the request body: {e}"),
+        )),
+    }
+}
+
+async fn infer_for(
+    s: Arc<AppState>,
+    name: String,
+    version: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let resp = infer_inner(&s, &name, version.as_deref(), &headers, body).await;
+    s.metrics.infer_response(resp.status().as_u16());
+    resp
+}
+
+async fn infer_inner(
+    s: &AppState,
+    name: &str,
+    version: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let t0 = Instant::now();
+    let body = match read_body(s, headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (slot, lv) = match resolve(s, name, version) {
+        Ok(x) => x,
+        Err(Lookup(code, msg)) => {
+            if code == StatusCode::SERVICE_UNAVAILABLE {
+                slot_not_ready(s, name);
+            }
+            return error(code, msg);
+        }
+    };
+    let _ = slot;
+    let vm = &lv.metrics;
+    let bad = |msg: String| {
+        vm.fail(Failure::BadRequest);
+        error(StatusCode::BAD_REQUEST, msg)
+    };
+    if let Some(enc) = headers.get(header::CONTENT_ENCODING)
+        && enc.as_bytes() != b"identity"
+    {
+        return bad(format!(
+            "Content-Encoding {enc:?} is not supported; send an uncompressed body"
+        ));
+    }
+    let hlen = headers
+        .get(HEADER_LENGTH)
+        .map(|v| v.to_str().unwrap_or("?"));
+    let req = match InferRequest::parse(body, hlen) {
+        Ok(r) => r,
+        Err(e) => return bad(e.0),
+    };
+    if let Some(outs) = &req.outputs {
+        for o in outs {
+            if !lv.spec.outputs.iter().any(|t| t.name == o.name) {
+                return bad(format!(
+                    "unknown output `{}` requested; model `{name}` has outputs: {}",
+                    o.name,
+                    lv.spec
+                        .outputs
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+    }
+    let max_batch = s.repo.config().batcher.max_batch_size;
+    let input = match lv.spec.decode(&req.inputs, name, max_batch) {
+        Ok(i) => i,
+        Err(e) => return bad(e.0),
+    };
+    let outputs = match lv.batcher.infer(input, s.request_timeout).await {
+        Ok(o) => o,
+        Err(f) => {
+            let (code, why) = match &f {
+                InferFailure::QueueFull { .. } => {
+                    (StatusCode::SERVICE_UNAVAILABLE, Failure::QueueFull)
+                }
+                InferFailure::Timeout(_) => (StatusCode::SERVICE_UNAVAILABLE, Failure::Timeout),
+                InferFailure::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Failure::Internal),
+            };
+            vm.fail(why);
+            if why == Failure::Internal {
+                tracing::error!(model = %name, version = lv.version, "{f}");
+            }
+            return error(code, f.to_string());
+        }
+    };
+    let selected = match select_outputs(&req, outputs) {
+        Ok(x) => x,
+        Err(e) => return bad(e.0),
+    };
+    let enc = encode_response(
+        &lv.model,
+        &lv.version.to_string(),
+        req.id.as_deref(),
+        &selected,
+    );
+    vm.request.observe_duration(t0.elapsed());
+    vm.success
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut resp = Response::new(Body::from(enc.body));
+    let h = resp.headers_mut();
+    match enc.header_length {
+        Some(n) => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            h.insert(HEADER_LENGTH, HeaderValue::from(n));
+        }
+        None => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+    }
+    resp
+}
+
+fn slot_not_ready(s: &AppState, name: &str) {
+    if let Some(slot) = s.repo.get(name) {
+        slot.metrics
+            .not_ready
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}

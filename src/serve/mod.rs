@@ -1,0 +1,421 @@
+//! The serving tier: an Open Inference Protocol v2 (KServe / Triton REST) server over a
+//! versioned model repository, with a dynamic batcher per model, warm-up before ready, hot
+//! reload and Prometheus metrics.
+//!
+//! Layers, which meet only through small types (as in text-embeddings-inference):
+//! * [`http`] — axum routes; parses and validates, never batches;
+//! * [`protocol`] — OIP JSON and the binary tensor extension, both directions;
+//! * [`model`] — what a model takes and returns, and the per-instance executors;
+//! * [`batcher`] — one thread owns each version's queue; instances are worker threads with
+//!   their own engines and thread pools;
+//! * [`repository`] — versions on disk, loading, warm-up and the atomic swap;
+//! * [`metrics`] — counters and histograms, Prometheus text;
+//! * [`client`], [`loadtest`] — a small loopback HTTP client and the load generator.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kiln::serve::ServeError> {
+//! let server = kiln::serve::start(kiln::serve::ServeConfig {
+//!     repository: "models".into(),
+//!     port: 0,
+//!     ..Default::default()
+//! })
+//! .await?;
+//! server.wait_ready(std::time::Duration::from_secs(30)).await;
+//! println!("serving on {}", server.addr);
+//! server.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod batcher;
+pub mod client;
+pub mod http;
+pub mod loadtest;
+pub mod metrics;
+pub mod model;
+pub mod protocol;
+pub mod repository;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use batcher::BatcherConfig;
+pub use metrics::Metrics;
+pub use repository::{ReloadReport, Repository, RepositoryConfig};
+
+/// Server settings (the flags of `kiln serve`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeConfig {
+    /// The model repository: `<repository>/<model>/<version>/`.
+    pub repository: PathBuf,
+    /// Address to bind.
+    pub host: String,
+    /// Port (0: any free port).
+    pub port: u16,
+    /// Engine for regression models (`None`: [`default_engine`]).
+    pub engine: Option<String>,
+    /// Batching and instances.
+    pub batcher: BatcherConfig,
+    /// Per-request deadline (queue + compute).
+    pub request_timeout: Duration,
+    /// Repository poll interval (`None`: only SIGHUP and [`ServerHandle::reload`]).
+    pub poll_interval: Option<Duration>,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Handle SIGHUP (reload) and SIGTERM/SIGINT (graceful shutdown). The CLI sets it; an
+    /// embedding process usually does not.
+    pub signals: bool,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            repository: PathBuf::from("models"),
+            host: "127.0.0.1".into(),
+            port: 8000,
+            engine: None,
+            batcher: BatcherConfig::default(),
+            request_timeout: Duration::from_secs(10),
+            poll_interval: Some(Duration::from_secs(2)),
+            max_body_bytes: 8 << 20,
+            signals: false,
+        }
+    }
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A setting is out of range.
+    #[error("invalid setting: {0}")]
+    Config(String),
+    /// Binding or serving failed.
+    #[error("{what}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The default engine: `fused` where this build has it, else `burn`.
+pub fn default_engine() -> String {
+    let names = crate::infer::engine_names();
+    if names.contains(&"fused") {
+        "fused"
+    } else {
+        "burn"
+    }
+    .to_string()
+}
+
+fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
+    let bad = |m: String| Err(ServeError::Config(m));
+    let b = &cfg.batcher;
+    if b.max_batch_size == 0 || b.max_batch_size > 65536 {
+        return bad(format!(
+            "--max-batch-size is {}; expected 1 to 65536",
+            b.max_batch_size
+        ));
+    }
+    if b.max_queue_size == 0 {
+        return bad("--max-queue-size must be at least 1".into());
+    }
+    if b.instances == 0 || b.instances > 256 {
+        return bad(format!("--instances is {}; expected 1 to 256", b.instances));
+    }
+    if b.threads_per_instance == 0 || b.threads_per_instance > 256 {
+        return bad(format!(
+            "--threads-per-instance is {}; expected 1 to 256",
+            b.threads_per_instance
+        ));
+    }
+    if cfg.request_timeout.is_zero() {
+        return bad("--request-timeout-ms must be at least 1".into());
+    }
+    if cfg.max_body_bytes == 0 {
+        return bad("--max-body-bytes must be at least 1".into());
+    }
+    let engine = cfg.engine.clone().unwrap_or_else(default_engine);
+    let names = crate::infer::engine_names();
+    if !names.contains(&engine.as_str()) {
+        return bad(format!(
+            "unknown engine `{engine}`; expected one of: {}",
+            names.join(", ")
+        ));
+    }
+    if !cfg.repository.is_dir() {
+        return bad(format!(
+            "model repository {} is not a directory (expected <repository>/<model>/<version>/)",
+            cfg.repository.display()
+        ));
+    }
+    Ok(engine)
+}
+
+/// A running server.
+pub struct ServerHandle {
+    /// The bound address.
+    pub addr: SocketAddr,
+    repo: Arc<Repository>,
+    metrics: Arc<Metrics>,
+    shutdown_tx: watch::Sender<bool>,
+    reload_tx: mpsc::UnboundedSender<oneshot::Sender<ReloadReport>>,
+    server: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+impl ServerHandle {
+    /// The repository.
+    pub fn repository(&self) -> &Arc<Repository> {
+        &self.repo
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Whether every model is loaded and warm.
+    pub fn is_ready(&self) -> bool {
+        self.repo.ready()
+    }
+
+    /// Wait until ready, at most `timeout`.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let until = tokio::time::Instant::now() + timeout;
+        while !self.repo.ready() {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
+    /// Run a reload pass now (as SIGHUP does) and wait for it.
+    pub async fn reload(&self) -> ReloadReport {
+        let (tx, rx) = oneshot::channel();
+        if self.reload_tx.send(tx).is_err() {
+            return ReloadReport {
+                error: Some("the server has stopped".into()),
+                ..Default::default()
+            };
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    /// Stop accepting connections, let requests in flight finish, then unload the models.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        let _ = self.shutdown_tx.send(true);
+        self.wait().await
+    }
+
+    /// Wait until the server stops (SIGTERM/SIGINT when `signals` is set).
+    pub async fn wait(self) -> Result<(), ServeError> {
+        let r = match self.server.await {
+            Ok(r) => r,
+            Err(e) => Err(ServeError::Io {
+                what: "server task".into(),
+                source: std::io::Error::other(e.to_string()),
+            }),
+        };
+        self.repo.clear();
+        r
+    }
+}
+
+async fn shutdown_signal(mut rx: watch::Receiver<bool>, signals: bool) {
+    #[cfg(unix)]
+    if signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install SIGTERM/SIGINT handlers");
+            let _ = rx.wait_for(|v| *v).await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: draining requests in flight"),
+            _ = int.recv() => tracing::info!("SIGINT: draining requests in flight"),
+            _ = async { let _ = rx.wait_for(|v| *v).await; } => {}
+        }
+        return;
+    }
+    let _ = signals;
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+async fn reload_loop(
+    repo: Arc<Repository>,
+    poll: Option<Duration>,
+    signals: bool,
+    mut manual: mpsc::UnboundedReceiver<oneshot::Sender<ReloadReport>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let pass = |repo: Arc<Repository>| async move {
+        tokio::task::spawn_blocking(move || repo.reload())
+            .await
+            .unwrap_or_else(|e| ReloadReport {
+                error: Some(format!("reload panicked: {e}")),
+                ..Default::default()
+            })
+    };
+    let report = pass(repo.clone()).await;
+    if report.error.is_none() {
+        tracing::info!(
+            loaded = ?report.loaded,
+            failed = report.failed.len(),
+            "model repository loaded"
+        );
+    }
+    #[cfg(unix)]
+    let mut hup = if signals {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
+    } else {
+        None
+    };
+    let _ = signals;
+    let mut tick = poll.map(|p| {
+        let mut i = tokio::time::interval_at(tokio::time::Instant::now() + p, p);
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    });
+    loop {
+        #[cfg(unix)]
+        let hup_fut = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup_fut = std::future::pending::<()>();
+        let tick_fut = async {
+            match tick.as_mut() {
+                Some(t) => {
+                    t.tick().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = async { let _ = stop.wait_for(|v| *v).await; } => return,
+            _ = hup_fut => {
+                tracing::info!("SIGHUP: reloading the model repository");
+                pass(repo.clone()).await;
+            }
+            _ = tick_fut => {
+                pass(repo.clone()).await;
+            }
+            ack = manual.recv() => match ack {
+                Some(ack) => {
+                    let r = pass(repo.clone()).await;
+                    let _ = ack.send(r);
+                }
+                None => return,
+            },
+        }
+    }
+}
+
+/// Bind, start loading the repository in the background, and serve. Returns at once; the
+/// server reports ready once every model is loaded and warm.
+pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
+    let engine = validate(&config)?;
+    let bind = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&bind)
+        .await
+        .map_err(|source| ServeError::Io {
+            what: format!("cannot listen on {bind}"),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Io {
+        what: "local address".into(),
+        source,
+    })?;
+    let metrics = Arc::new(Metrics::default());
+    let repo = Arc::new(Repository::new(
+        RepositoryConfig {
+            root: config.repository.clone(),
+            engine,
+            batcher: config.batcher.clone(),
+        },
+        metrics.clone(),
+    ));
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (reload_tx, reload_rx) = mpsc::unbounded_channel();
+    tokio::spawn(reload_loop(
+        repo.clone(),
+        config.poll_interval.filter(|d| !d.is_zero()),
+        config.signals,
+        reload_rx,
+        shutdown_rx.clone(),
+    ));
+    let state = Arc::new(http::AppState {
+        repo: repo.clone(),
+        metrics: metrics.clone(),
+        max_body_bytes: config.max_body_bytes,
+        request_timeout: config.request_timeout,
+    });
+    let app = http::router(state);
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|s| {
+        let _ = s.set_nodelay(true);
+    });
+    let signals = config.signals;
+    let stop_tx = shutdown_tx.clone();
+    let server = tokio::spawn(async move {
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                shutdown_signal(shutdown_rx, signals).await;
+                // Stop the reload loop too.
+                let _ = stop_tx.send(true);
+            })
+            .await
+            .map_err(|source| ServeError::Io {
+                what: "serving".into(),
+                source,
+            });
+        tracing::info!("server stopped; requests in flight have been answered");
+        r
+    });
+    tracing::info!(%addr, "listening (Open Inference Protocol v2)");
+    Ok(ServerHandle {
+        addr,
+        repo,
+        metrics,
+        shutdown_tx,
+        reload_tx,
+        server,
+    })
+}
+
+/// Run a server until SIGTERM/SIGINT (blocking; builds its own runtime). `on_listen` is
+/// called with the bound address.
+pub fn run_blocking(
+    config: ServeConfig,
+    on_listen: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kiln-http")
+        .build()
+        .map_err(|source| ServeError::Io {
+            what: "cannot start the runtime".into(),
+            source,
+        })?;
+    rt.block_on(async move {
+        let handle = start(config).await?;
+        on_listen(handle.addr);
+        handle.wait().await
+    })
+}
