@@ -158,12 +158,12 @@ list:
             runs[0],
             vec![
                 "stages[0].epochs=1",
-                "model.activation=\"gelu\"",
+                "model.activation=\"relu\"",
                 "model.hidden=[8]"
             ]
         );
         assert_eq!(runs[1][2], "model.hidden=[16,16]");
-        assert_eq!(runs[3][1], "model.activation=\"relu\"");
+        assert_eq!(runs[3][1], "model.activation=\"gelu\"");
         assert_eq!(runs[6], vec!["stages[0].epochs=1", "model.hidden=[4]"]);
         let mut uniq = runs.clone();
         uniq.sort();
