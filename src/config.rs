@@ -509,6 +509,10 @@ pub struct ExportConfig {
     /// Root of run directories (`<dir>/runs/<run-id>/`).
     #[serde(default = "default_out_dir")]
     pub dir: PathBuf,
+    /// The inference engine the serving tier will run this model on; the latency logged at
+    /// the end of every run is measured on it (`null`: the default serving engine, `fused`).
+    #[serde(default)]
+    pub engine: Option<String>,
 }
 
 fn default_out_dir() -> PathBuf {
@@ -519,6 +523,7 @@ impl Default for ExportConfig {
     fn default() -> Self {
         Self {
             dir: default_out_dir(),
+            engine: None,
         }
     }
 }
@@ -770,6 +775,15 @@ impl ExperimentConfig {
                     self.name
                 ),
             );
+        }
+        if let Some(engine) = &self.export.engine {
+            let known = crate::infer::engine_names();
+            if !known.contains(&engine.as_str()) {
+                return bad(
+                    "export.engine".into(),
+                    format!("expected one of {}, got {engine:?}", known.join(", ")),
+                );
+            }
         }
         if self.data.features.is_empty() {
             return bad(
@@ -1083,6 +1097,10 @@ stages:
             (
                 MINIMAL.replace("test: {from: 2017}", "test: {from: 2016}"),
                 "data.split.test",
+            ),
+            (
+                MINIMAL.to_string() + "export:\n  engine: tensorrt\n",
+                "export.engine",
             ),
         ];
         for (text, key) in cases {

@@ -274,3 +274,71 @@ fn a_sweep_runs_every_configuration_and_answers_right_sizing() {
     uniq.dedup();
     assert_eq!(uniq.len(), 4, "{activations:?}");
 }
+
+#[test]
+fn a_real_engine_split_is_flagged_and_attributed_to_its_cause() {
+    // Five real runs of one size; one serves on the unfused `burn` engine. The registry must
+    // flag exactly that one, show the config key that differs, and profile each run on its
+    // own engine so the operator table explains the gap.
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny_in(tmp.path());
+    let sweep = tmp.path().join("drill.yaml");
+    std::fs::write(
+        &sweep,
+        format!(
+            "base: {}\nparallel: 2\nthreads_per_run: 1\nset:\n  stages[1].epochs: 1\n  model.hidden: [16]\ngrid:\n  seed: [1, 2, 3, 4]\nlist:\n  - {{seed: 5, export.engine: burn}}\n",
+            cfg.display()
+        ),
+    )
+    .unwrap();
+    let reg = tmp.path().join("drill.db");
+    let o = kiln(&[
+        "sweep",
+        sweep.to_str().unwrap(),
+        "--registry",
+        reg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = Registry::open(&reg).unwrap();
+    let slow: Vec<_> = r
+        .list()
+        .unwrap()
+        .into_iter()
+        .filter(|x| x.config_text.contains("engine: burn"))
+        .collect();
+    assert_eq!(slow.len(), 1);
+    assert_eq!(slow[0].latency.as_ref().unwrap()["engine"], "burn");
+
+    let o = kiln(&[
+        "runs",
+        "--registry",
+        reg.to_str().unwrap(),
+        "regressions",
+        "--attribute",
+        "--out",
+        tmp.path().join("attr").to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(text.matches("REGRESSION").count(), 1, "{text}");
+    assert!(
+        text.contains(&format!("REGRESSION {}", slow[0].id)),
+        "{text}"
+    );
+    assert!(
+        text.contains("export.engine: null (peer) → burn (flagged)"),
+        "{text}"
+    );
+    assert!(text.contains("A on fused, B on burn"), "{text}");
+    // The burn engine's module spans exist only on the flagged side.
+    let module_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("RegressionNet "))
+        .unwrap_or_else(|| panic!("no RegressionNet row: {text}"));
+    assert!(module_line.contains("new"), "{module_line}");
+}

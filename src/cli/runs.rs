@@ -474,13 +474,20 @@ fn print_flag(f: &Flagged, diff: &[(String, String, String)]) {
 }
 
 fn attribute(slow: &RunRow, peer: &RunRow, args: &RegressionArgs<'_>) -> CliResult {
-    let engine = slow
-        .latency
-        .as_ref()
-        .and_then(|l| l["engine"].as_str().map(String::from))
-        .unwrap_or_else(|| crate::observe::latency::serving_engine().into());
+    // Each run is profiled on the engine its latency was measured on: when the engines
+    // differ, that difference is part of what the table has to explain.
+    let engine_of = |r: &RunRow| {
+        r.latency
+            .as_ref()
+            .and_then(|l| l["engine"].as_str().map(String::from))
+            .unwrap_or_else(|| crate::observe::latency::serving_engine().into())
+    };
+    let engines = [engine_of(peer), engine_of(slow)];
     let mut tables = Vec::new();
-    for (label, r) in [("peer", peer), ("flagged", slow)] {
+    for ((label, r), engine) in [("peer", peer), ("flagged", slow)]
+        .into_iter()
+        .zip(&engines)
+    {
         let Some(artifact) = &r.artifact_path else {
             eprintln!("  cannot attribute: {} has no artifact", r.id);
             return Ok(());
@@ -501,8 +508,13 @@ fn attribute(slow: &RunRow, peer: &RunRow, args: &RegressionArgs<'_>) -> CliResu
         tables.push(o.averages);
     }
     let rows = crate::observe::profiler::diff(&tables[0], &tables[1]);
+    let engines = if engines[0] == engines[1] {
+        engines[0].clone()
+    } else {
+        format!("A on {}, B on {}", engines[0], engines[1])
+    };
     println!(
-        "  attribution ({engine}, batch {}, identical inputs; A = peer, B = flagged):",
+        "  attribution ({engines}, batch {}, identical inputs; A = peer, B = flagged):",
         args.which.batch()
     );
     for line in crate::observe::profiler::diff_table(&rows).lines().take(12) {

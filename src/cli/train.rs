@@ -178,7 +178,7 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
         stop_after_epochs: None,
     };
     let result = dispatch(&job).and_then(|outcome| {
-        let latency = measure_latency(&outcome)?;
+        let latency = measure_latency(&outcome, loaded.config.export.engine.as_deref())?;
         Ok((outcome, latency))
     });
     let registry = hooks
@@ -225,16 +225,19 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
     }
 }
 
-/// Benchmark the exported model on the serving engine (batch 1 and 128) and store the result
-/// in its manifest.
-fn measure_latency(outcome: &TrainOutcome) -> Result<Option<LatencyReport>, CliError> {
+/// Benchmark the exported model on its serving engine (`export.engine`, batch 1 and 128) and
+/// store the result in its manifest.
+fn measure_latency(
+    outcome: &TrainOutcome,
+    engine: Option<&str>,
+) -> Result<Option<LatencyReport>, CliError> {
     let Some(dir) = &outcome.export_dir else {
         return Ok(None);
     };
     let ckpt = Checkpoint::load(dir)?;
     let report = latency::measure(
         &ckpt,
-        latency::serving_engine(),
+        engine.unwrap_or(latency::serving_engine()),
         &[1, 128],
         2000,
         Duration::from_millis(250),
