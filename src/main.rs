@@ -440,8 +440,17 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let chain: Vec<String> = e.error.chain().map(|c| c.to_string()).collect();
-            eprintln!("error: {}", chain.join(": "));
+            // Errors that already print their source (`"cannot read X: {source}"`) are not
+            // followed by the same text again.
+            let mut message = String::new();
+            for cause in e.error.chain().map(|c| c.to_string()) {
+                if message.is_empty() {
+                    message = cause;
+                } else if !message.ends_with(&cause) {
+                    message = format!("{message}: {cause}");
+                }
+            }
+            eprintln!("error: {message}");
             ExitCode::from(e.code)
         }
     }
