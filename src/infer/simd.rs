@@ -572,7 +572,9 @@ unsafe fn peak_avx2(n: usize) -> f32 {
 /// port but two 256-bit ones), the best of them.
 pub fn measure_peak_gflops(time: std::time::Duration) -> f64 {
     let isa = Isa::detect();
-    let mut candidates: Vec<(usize, usize, fn(usize) -> f32)> =
+    // (lanes, independent chains, kernel)
+    type Candidate = (usize, usize, fn(usize) -> f32);
+    let mut candidates: Vec<Candidate> =
         vec![(8, 8, |n| unsafe { fma_chains::<Portable, 8>(Portable, n) })];
     #[cfg(target_arch = "x86_64")]
     {
