@@ -2,11 +2,22 @@
 
 use std::path::{Path, PathBuf};
 
+/// A relative path with the directory it was resolved from, so that a config run from the
+/// wrong directory says where it looked.
+fn with_base(path: &Path) -> String {
+    match std::env::current_dir() {
+        Ok(cwd) if path.is_relative() => {
+            format!("{} (relative to {})", path.display(), cwd.display())
+        }
+        _ => path.display().to_string(),
+    }
+}
+
 /// Errors from reading tabular data or building datasets from it.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// The file could not be opened or read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {}: {source}", with_base(path))]
     Io {
         /// The file.
         path: PathBuf,

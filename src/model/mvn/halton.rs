@@ -20,40 +20,17 @@
 /// Primes up to this many coordinates are available.
 pub const MAX_HALTON_DIM: usize = 128;
 
-/// The SplitMix64 generator: tiny, fast, and good enough to draw scrambling matrices.
-#[derive(Debug, Clone)]
-pub struct SplitMix64 {
-    state: u64,
-}
+pub use crate::rng::SplitMix64;
 
-impl SplitMix64 {
-    /// A generator started from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self { state: seed }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform number in [0, 1) with 53 random bits.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// A uniform integer in [0, n) (n > 0), by rejection so that it has no bias.
-    pub fn below(&mut self, n: u64) -> u64 {
-        let zone = u64::MAX - (u64::MAX % n);
-        loop {
-            let v = self.next_u64();
-            if v < zone {
-                return v % n;
-            }
+/// A uniform integer in [0, n) (n > 0), by rejection so that it has no bias. (Kept apart
+/// from [`SplitMix64::below`], whose method draws different numbers: the scrambling matrices,
+/// and so every documented accuracy figure, depend on this exact sequence.)
+fn below(rng: &mut SplitMix64, n: u64) -> u64 {
+    let zone = u64::MAX - (u64::MAX % n);
+    loop {
+        let v = rng.next_u64();
+        if v < zone {
+            return v % n;
         }
     }
 }
@@ -91,11 +68,11 @@ pub fn scrambled_halton(n: usize, dim: usize, rng: &mut SplitMix64) -> Vec<f64> 
         let mut m = vec![0u64; digits * digits];
         for k in 0..digits {
             for l in 0..k {
-                m[k * digits + l] = rng.below(b);
+                m[k * digits + l] = below(rng, b);
             }
-            m[k * digits + k] = 1 + rng.below(b - 1);
+            m[k * digits + k] = 1 + below(rng, b - 1);
         }
-        let c: Vec<u64> = (0..digits).map(|_| rng.below(b)).collect();
+        let c: Vec<u64> = (0..digits).map(|_| below(rng, b)).collect();
         let inv_b = 1.0 / b as f64;
         let mut a = vec![0u64; digits];
         for i in 0..n {
