@@ -722,6 +722,32 @@ pub(crate) fn chunk_rows(rows: usize, threads: usize) -> usize {
     rows.div_ceil(threads).div_ceil(MAX_BLOCK) * MAX_BLOCK
 }
 
+/// The forward pass shared by the planned engines: check the input's shape, size the outputs,
+/// then `run` the rows, split into contiguous ranges on the engine's pool (one scratch per
+/// thread) when the batch is large enough, else inline with the first scratch.
+pub(crate) fn run_engine<T: Send>(
+    pool: Option<&rayon::ThreadPool>,
+    scratch: &mut [T],
+    x: &[f32],
+    rows: usize,
+    (nf, k): (usize, usize),
+    out: &mut HeadOutput,
+    run: &(impl Fn(&mut T, &[f32], usize, &mut [f32], &mut [f32]) + Sync),
+) -> Result<(), InferError> {
+    check_shape(x, rows, nf)?;
+    fit(&mut out.mean, rows * k);
+    fit(&mut out.log_var, rows * k);
+    let (mean, lv) = (&mut out.mean, &mut out.log_var);
+    match pool {
+        Some(pool) if rows >= PAR_MIN_ROWS => {
+            let chunk = chunk_rows(rows, scratch.len());
+            pool.install(|| run_parallel(scratch, x, rows, nf, k, chunk, mean, lv, run));
+        }
+        _ => run(&mut scratch[0], x, rows, mean, lv),
+    }
+    Ok(())
+}
+
 /// A per-engine rayon pool (`None` for one thread).
 pub(crate) fn make_pool(
     threads: usize,
@@ -808,42 +834,17 @@ impl Engine for FusedEngine {
     }
 
     fn forward(&mut self, x: &[f32], rows: usize, out: &mut HeadOutput) -> Result<(), InferError> {
-        check_shape(x, rows, self.plan.nf)?;
-        let k = self.plan.k;
-        fit(&mut out.mean, rows * k);
-        fit(&mut out.log_var, rows * k);
         let (plan, isa) = (&*self.plan, self.isa);
-        match &self.pool {
-            Some(pool) if rows >= PAR_MIN_ROWS => {
-                let chunk = chunk_rows(rows, self.threads);
-                let scratch = &mut self.scratch;
-                let (mean, lv) = (&mut out.mean, &mut out.log_var);
-                pool.install(|| {
-                    run_parallel(
-                        scratch,
-                        x,
-                        rows,
-                        plan.nf,
-                        k,
-                        chunk,
-                        mean,
-                        lv,
-                        &|s: &mut Scratch, x: &[f32], n, m: &mut [f32], l: &mut [f32]| {
-                            run_range(isa, plan, x, n, s, m, l)
-                        },
-                    )
-                });
-            }
-            _ => run_range(
-                isa,
-                plan,
-                x,
-                rows,
-                &mut self.scratch[0],
-                &mut out.mean,
-                &mut out.log_var,
-            ),
-        }
-        Ok(())
+        run_engine(
+            self.pool.as_ref(),
+            &mut self.scratch,
+            x,
+            rows,
+            (plan.nf, plan.k),
+            out,
+            &|s: &mut Scratch, x: &[f32], n, m: &mut [f32], l: &mut [f32]| {
+                run_range(isa, plan, x, n, s, m, l)
+            },
+        )
     }
 }

@@ -35,9 +35,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::fused::{
-    AlignedBuf, MAX_BLOCK, PAR_MIN_ROWS, chunk_rows, fit, lowered_layers, make_pool, run_parallel,
-};
+use super::fused::{AlignedBuf, MAX_BLOCK, lowered_layers, make_pool, run_engine};
 use super::simd::{self, Act, F32x, Isa};
 use super::{Engine, HeadOutput, InferError, check_shape};
 use crate::artifact::{Checkpoint, HostWeights};
@@ -662,43 +660,18 @@ impl Engine for Int8Engine {
     }
 
     fn forward(&mut self, x: &[f32], rows: usize, out: &mut HeadOutput) -> Result<(), InferError> {
-        check_shape(x, rows, self.plan.nf)?;
-        let k = self.plan.k;
-        fit(&mut out.mean, rows * k);
-        fit(&mut out.log_var, rows * k);
         let (plan, isa) = (&*self.plan, self.isa);
-        match &self.pool {
-            Some(pool) if rows >= PAR_MIN_ROWS => {
-                let chunk = chunk_rows(rows, self.threads);
-                let scratch = &mut self.scratch;
-                let (mean, lv) = (&mut out.mean, &mut out.log_var);
-                pool.install(|| {
-                    run_parallel(
-                        scratch,
-                        x,
-                        rows,
-                        plan.nf,
-                        k,
-                        chunk,
-                        mean,
-                        lv,
-                        &|s: &mut QScratch, x: &[f32], n, m: &mut [f32], l: &mut [f32]| {
-                            run_range(isa, plan, x, n, s, m, l)
-                        },
-                    )
-                });
-            }
-            _ => run_range(
-                isa,
-                plan,
-                x,
-                rows,
-                &mut self.scratch[0],
-                &mut out.mean,
-                &mut out.log_var,
-            ),
-        }
-        Ok(())
+        run_engine(
+            self.pool.as_ref(),
+            &mut self.scratch,
+            x,
+            rows,
+            (plan.nf, plan.k),
+            out,
+            &|s: &mut QScratch, x: &[f32], n, m: &mut [f32], l: &mut [f32]| {
+                run_range(isa, plan, x, n, s, m, l)
+            },
+        )
     }
 }
 
