@@ -1,25 +1,28 @@
-//! Records build facts for `kiln doctor` and checkpoint manifests: the Burn version actually
-//! locked in Cargo.lock, the rustc that compiled kiln, and the target triple.
+//! Records build facts for `kiln doctor` and checkpoint manifests: the Burn version kiln is
+//! built against, the rustc that compiled kiln, and the target triple.
+//!
+//! The Burn version comes from kiln's own manifest, where Burn is pinned exactly (`=x.y.z`),
+//! so it is right whether kiln is the root package or a dependency of another crate (which
+//! has its own Cargo.lock, or none that kiln can see).
 
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=Cargo.lock");
+    println!("cargo:rerun-if-changed=Cargo.toml");
     println!("cargo:rerun-if-changed=build.rs");
-    let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
-    let mut burn = "unknown".to_string();
-    let mut lines = lock.lines();
-    while let Some(line) = lines.next() {
-        if line.trim() == "name = \"burn\"" {
-            if let Some(v) = lines
-                .next()
-                .and_then(|l| l.trim().strip_prefix("version = "))
-            {
-                burn = v.trim_matches('"').to_string();
-            }
-            break;
-        }
-    }
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let manifest =
+        std::fs::read_to_string(std::path::Path::new(&dir).join("Cargo.toml")).unwrap_or_default();
+    let burn = manifest
+        .lines()
+        .find_map(|line| {
+            let rest = line.trim().strip_prefix("burn")?.trim_start();
+            let rest = rest.strip_prefix('=')?;
+            let v = rest.split("version").nth(1)?;
+            let v = v.split('"').nth(1)?;
+            Some(v.trim_start_matches('=').to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=KILN_BURN_VERSION={burn}");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let version = Command::new(rustc)

@@ -13,7 +13,6 @@
 //! the manifest and every tensor's name and shape against the manifest's architecture.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
@@ -23,6 +22,7 @@ use crate::data::ColumnStats;
 use crate::data::dataset::{Affine, sha256_hex};
 use crate::model::regression::linear_from;
 use crate::model::{RegressionNet, RegressionNetConfig};
+use crate::util;
 
 /// The weights file inside an export directory.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -36,6 +36,9 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Errors from writing or loading a checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
+    /// A file could not be written (the message names it; see [`crate::util::write_atomic`]).
+    #[error(transparent)]
+    File(#[from] std::io::Error),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -495,65 +498,18 @@ pub fn export(
         };
         manifest.parameter_count = weights.arch.num_params();
         manifest.architecture = weights.arch.clone();
-        write_synced(&tmp.join(WEIGHTS_FILE), &bytes)?;
+        util::write_synced(&tmp.join(WEIGHTS_FILE), &bytes)?;
         let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
-        write_synced(&tmp.join(MANIFEST_FILE), &json)?;
-        sync_dir(&tmp)?;
+        util::write_synced(&tmp.join(MANIFEST_FILE), &json)?;
+        util::sync_dir(&tmp)?;
         std::fs::rename(&tmp, dest).map_err(io(dest))?;
-        sync_dir(parent)?;
+        util::sync_dir(parent)?;
         Ok(manifest)
     })();
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     result
-}
-
-/// Write a file and fsync it.
-pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), ArtifactError> {
-    let io = |source| ArtifactError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut f = std::fs::File::create(path).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)
-}
-
-/// Write a file atomically: temporary sibling, fsync, rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ArtifactError> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    write_synced(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).map_err(|source| {
-        let _ = std::fs::remove_file(&tmp);
-        ArtifactError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
-    if let Some(parent) = path.parent() {
-        sync_dir(parent)?;
-    }
-    Ok(())
-}
-
-/// fsync a directory so a rename inside it is durable.
-pub fn sync_dir(dir: &Path) -> Result<(), ArtifactError> {
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|source| ArtifactError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })
 }
 
 #[cfg(test)]

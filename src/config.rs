@@ -631,6 +631,18 @@ pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
     })
 }
 
+/// Read a config file and apply `key.path=value` overrides (see [`apply_overrides`]); the
+/// returned text is the effective config a run stores.
+pub fn load_with_overrides(path: &Path, set: &[String]) -> Result<LoadedConfig, ConfigError> {
+    let mut loaded = load(path)?;
+    if !set.is_empty() {
+        let (c, text) = apply_overrides(&loaded.config, set, path)?;
+        loaded.config = c;
+        loaded.text = text;
+    }
+    Ok(loaded)
+}
+
 /// Parse and validate YAML text; `path` is only used in messages.
 pub fn parse(text: &str, path: &Path) -> Result<ExperimentConfig, ConfigError> {
     let mut key = String::new();
@@ -777,7 +789,7 @@ impl ExperimentConfig {
             );
         }
         if let Some(engine) = &self.export.engine {
-            let known = crate::infer::engine_names();
+            let known = crate::records::engine_names();
             if !known.contains(&engine.as_str()) {
                 return bad(
                     "export.engine".into(),

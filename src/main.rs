@@ -1,10 +1,13 @@
-//! The `kiln` command line: parse, then call one function per subcommand in `kiln::cli`.
+//! The `kiln` command line: parse, then call one function per subcommand in `cli` (the
+//! binary's own module: it parses and prints; behaviour lives in the `kiln` library).
+
+mod cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use kiln::cli::{self, CliResult};
+use cli::CliResult;
 use kiln::data::baseball::BaseballSpec;
 use kiln::data::synthetic::SyntheticSpec;
 use kiln::train::ProgressMode;
@@ -181,44 +184,7 @@ enum RunsCommand {
 enum ProfileCommand {
     /// Profile inference on fixed, seeded inputs: writes a Chrome trace and a key-averages
     /// table (`key_averages.json` is the input of `kiln profile diff`).
-    Infer {
-        /// An export or run directory (default: the reference network, seeded weights).
-        #[arg(long)]
-        checkpoint: Option<PathBuf>,
-        /// The reference network 20 → 48 → 48 → 3+3 (the default without --checkpoint).
-        #[arg(long, conflicts_with = "checkpoint")]
-        reference: bool,
-        /// Inference engine.
-        #[arg(long, default_value = "burn")]
-        engine: String,
-        /// Rows per call.
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        /// Recorded iterations.
-        #[arg(long, default_value_t = 200)]
-        iters: u64,
-        /// Warm-up iterations (not recorded).
-        #[arg(long, default_value_t = 50)]
-        warmup: u64,
-        /// Engine threads (0 = its default).
-        #[arg(long, default_value_t = 0)]
-        threads: usize,
-        /// Output directory.
-        #[arg(long, default_value = "profile-infer")]
-        out: PathBuf,
-        /// Seed of the inputs.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Group the table by input shape.
-        #[arg(long)]
-        record_shapes: bool,
-        /// Record resident-memory deltas per span.
-        #[arg(long)]
-        profile_memory: bool,
-        /// Record each span's source location.
-        #[arg(long)]
-        with_stack: bool,
-    },
+    Infer(cli::observe::ProfileInferArgs),
     /// Compare two key-averages tables (files or profile directories), largest regression first.
     Diff {
         /// Baseline.
@@ -320,32 +286,7 @@ fn run(cli: Cli) -> CliResult {
             command: ConfigCommand::Check { file },
         } => cli::config::check(&file),
         Command::Profile { command } => match command {
-            ProfileCommand::Infer {
-                checkpoint,
-                reference: _,
-                engine,
-                batch,
-                iters,
-                warmup,
-                threads,
-                out,
-                seed,
-                record_shapes,
-                profile_memory,
-                with_stack,
-            } => cli::observe::profile_infer(&cli::observe::ProfileInferArgs {
-                checkpoint,
-                engine,
-                batch,
-                iters,
-                warmup,
-                threads,
-                out,
-                seed,
-                record_shapes,
-                profile_memory,
-                with_stack,
-            }),
+            ProfileCommand::Infer(a) => cli::observe::profile_infer(&a),
             ProfileCommand::Diff { a, b, json } => cli::observe::profile_diff(&a, &b, json),
         },
         Command::Doctor { json } => cli::observe::doctor(json),

@@ -4,11 +4,12 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::artifact::{ArtifactError, Checkpoint, write_atomic};
+use crate::artifact::{ArtifactError, Checkpoint};
 use crate::data::ColumnStats;
 use crate::data::dataset::Affine;
 use crate::data::table::{CsvTable, DataError};
 use crate::infer::{Engine, HeadOutput, InferError};
+use crate::util::write_atomic;
 
 /// Errors from `kiln predict`.
 #[derive(Debug, thiserror::Error)]
@@ -199,7 +200,9 @@ fn csv_field(s: &str) -> String {
 /// Write predictions to a file atomically, or to stdout when `output` is `None`.
 pub fn write_output(text: &str, output: Option<&Path>) -> Result<(), PredictError> {
     match output {
-        Some(p) => write_atomic(p, text.as_bytes()).map_err(PredictError::from),
+        Some(p) => {
+            write_atomic(p, text.as_bytes()).map_err(|e| PredictError::from(ArtifactError::from(e)))
+        }
         None => {
             use std::io::Write;
             std::io::stdout()
@@ -210,4 +213,20 @@ pub fn write_output(text: &str, output: Option<&Path>) -> Result<(), PredictErro
                 })
         }
     }
+}
+
+/// The int8 accuracy report of a checkpoint on the test split of `data_cfg` (the dataset
+/// and split the checkpoint was trained with), for storing in its manifest at export.
+pub fn int8_accuracy_report(
+    ckpt: &Checkpoint,
+    data_cfg: &crate::config::DataConfig,
+) -> Result<crate::infer::Int8AccuracyReport, PredictError> {
+    let data = crate::data::Dataset::load(data_cfg)?;
+    Ok(crate::infer::int8_accuracy_on(
+        &ckpt.weights,
+        &ckpt.manifest.features,
+        &ckpt.manifest.targets,
+        &data.test.x,
+        &data.test.y,
+    )?)
 }

@@ -19,9 +19,10 @@ use kiln::config::{self, Activation};
 use kiln::infer::int8::{INT8_ABS_TOL, INT8_REL_TOL};
 use kiln::infer::{
     BurnEngine, Engine, FusedEngine, HeadOutput, InferError, Int8Engine, Isa, build_engine,
-    engine_names, int8_accuracy_report, reference_weights, seeded_weights,
+    engine_names, reference_weights, seeded_weights,
 };
 use kiln::model::RegressionNetConfig;
+use kiln::predict::int8_accuracy_report;
 use kiln::rng::SplitMix64;
 
 // ---- an allocation counter for the steady-state test ---------------------------------

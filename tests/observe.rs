@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use kiln::cli::observe::{ProfileInferArgs, profile_infer_to};
+use kiln::bench::profile::{ProfileInferOptions, profile_infer};
 use kiln::config;
 use kiln::observe::profiler::{KeyAverages, diff};
 use kiln::train::train_cpu;
@@ -156,7 +156,7 @@ fn inference_profiles_on_identical_inputs_and_diff() {
     let _g = PROFILER.lock().unwrap_or_else(|e| e.into_inner());
     kiln::observe::install_subscriber();
     let tmp = tempfile::tempdir().unwrap();
-    let args = |batch: usize, out: &str| ProfileInferArgs {
+    let args = |batch: usize, out: &str| ProfileInferOptions {
         checkpoint: None,
         engine: "burn".into(),
         batch,
@@ -169,8 +169,8 @@ fn inference_profiles_on_identical_inputs_and_diff() {
         profile_memory: false,
         with_stack: false,
     };
-    let a = profile_infer_to(&args(1, "a")).unwrap();
-    let b = profile_infer_to(&args(512, "b")).unwrap();
+    let a = profile_infer(&args(1, "a")).unwrap();
+    let b = profile_infer(&args(512, "b")).unwrap();
     assert_eq!(a.averages.steps, 20);
     assert_eq!(b.averages.steps, 20);
     let names: Vec<&str> = a.averages.rows.iter().map(|r| r.name.as_str()).collect();

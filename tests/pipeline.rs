@@ -11,7 +11,7 @@ use kiln::backend::{Cpu, TrainCpu};
 use kiln::config::{self, LoadedConfig};
 use kiln::infer::BurnEngine;
 use kiln::predict::Predictor;
-use kiln::run::RunDir;
+use kiln::records::RunDir;
 use kiln::train::{ProgressMode, TrainJob, Trained, train};
 
 fn root() -> PathBuf {
@@ -81,7 +81,13 @@ fn train_export_load_predict_round_trip() {
     let run = fresh_run(&loaded);
     let trained = run_in_process(&loaded, &run, false, None);
     let export = trained.outcome.export_dir.clone().unwrap();
-    let manifest = trained.outcome.manifest.clone().unwrap();
+    // The run layer's post-export measurement (int8 accuracy, latency) updates the manifest.
+    let (_, manifest) = kiln::run::measure_export(&export, &loaded).unwrap();
+    assert_eq!(
+        Checkpoint::load(&export).unwrap().manifest,
+        manifest,
+        "the updated manifest is the one on disk"
+    );
     assert_eq!(manifest.parameter_count, 10 * 16 + 16 + 2 * (16 * 3 + 3));
     assert_eq!(manifest.burn_version, "0.21.0");
     assert_eq!(manifest.residual_correlation.len(), 3);

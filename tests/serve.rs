@@ -14,7 +14,7 @@ use kiln::backend::TrainCpu;
 use kiln::config;
 use kiln::infer::build_engine;
 use kiln::predict::Predictor;
-use kiln::run::RunDir;
+use kiln::records::RunDir;
 use kiln::serve::client::{HttpClient, HttpResponse};
 use kiln::serve::metrics::sample;
 use kiln::serve::protocol::{OutputData, decode_response};

@@ -21,6 +21,7 @@ use super::BenchError;
 use crate::artifact::HostWeights;
 use crate::infer::{Engine, HeadOutput, build_engine};
 use crate::rng::SplitMix64;
+use crate::util::percentile;
 
 /// Calls shorter than this are timed in groups.
 pub const GROUP_TARGET: Duration = Duration::from_micros(5);
@@ -147,14 +148,6 @@ fn sample(
         taken += 1;
     }
     Ok(())
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
 }
 
 fn summarise(

@@ -3,10 +3,14 @@
 //!
 //! * [`infer`]: per-call latency and throughput of inference engines, in-process, after
 //!   warm-up, medians over many calls, several engines interleaved in one run.
+//! * [`latency`]: the serving-engine latency every training run stores in its manifest.
+//! * [`profile`]: inference under the scheduled profiler (`kiln profile infer`).
 //! * [`train`]: stage-1 training throughput of the reference network through the real
 //!   training loop on a synthetic table.
 
 pub mod infer;
+pub mod latency;
+pub mod profile;
 pub mod train;
 
 pub use infer::{
@@ -20,6 +24,12 @@ pub enum BenchError {
     /// An engine failed to build or run.
     #[error(transparent)]
     Infer(#[from] crate::infer::InferError),
+    /// A checkpoint could not be loaded.
+    #[error(transparent)]
+    Artifact(#[from] crate::artifact::ArtifactError),
+    /// A prediction failed.
+    #[error(transparent)]
+    Predict(#[from] crate::predict::PredictError),
     /// Training failed.
     #[error(transparent)]
     Train(#[from] crate::train::TrainError),

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Args};
 
-use crate::artifact::Checkpoint;
-use crate::bench::{self, BenchError, InferBenchOptions, TrainBenchOptions};
 use crate::cli::{CliError, CliResult};
-use crate::infer::{InferError, REFERENCE_SEED, cpu_engine_names, reference_weights};
+use kiln::artifact::Checkpoint;
+use kiln::bench::{self, BenchError, InferBenchOptions, TrainBenchOptions};
+use kiln::infer::{InferError, REFERENCE_SEED, cpu_engine_names, reference_weights};
 
 /// Inference latency and throughput per engine and batch size.
 ///

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use super::{CliError, CliResult};
-use crate::config;
+use kiln::config;
 
 /// Validate a config without training.
 pub fn check(path: &Path) -> CliResult {

@@ -3,10 +3,10 @@
 use std::path::Path;
 
 use super::{CliError, CliResult};
-use crate::artifact::write_atomic;
-use crate::data::baseball::{self, BaseballSpec};
-use crate::data::dataset::sha256_hex;
-use crate::data::synthetic::{self, SyntheticSpec};
+use kiln::data::baseball::{self, BaseballSpec};
+use kiln::data::dataset::sha256_hex;
+use kiln::data::synthetic::{self, SyntheticSpec};
+use kiln::util::write_atomic;
 
 /// Derive the baseball table from the Databank at `source` into `out`.
 pub fn baseball(source: &Path, out: &Path, spec: BaseballSpec) -> CliResult {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{CliError, CliResult};
-use crate::serve::loadtest::{LoadtestConfig, run_loadtest};
+use kiln::serve::loadtest::{LoadtestConfig, run_loadtest};
 
 /// Send inference requests to a server on this machine and print what it sustained as JSON:
 /// achieved throughput, p50/p90/p99 latency and errors by HTTP status.
@@ -63,7 +63,7 @@ pub fn run(args: &LoadtestArgs) -> CliResult {
         max_requests: args.max_requests,
         timeout: Duration::from_millis(args.timeout_ms.max(1)),
     };
-    crate::serve::client::BaseUrl::parse(&cfg.url)
+    kiln::serve::client::BaseUrl::parse(&cfg.url)
         .map_err(|e| CliError::input(anyhow::anyhow!(e)))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -16,8 +16,8 @@ use burn::backend::Flex;
 use clap::Args;
 use serde_json::{Map, Value};
 
-use crate::model::mvn::bench::{BenchSetting, run_setting};
-use crate::model::mvn::{HaltonMvnCdfConfig, MvnMethod, MvnQuery};
+use kiln::model::mvn::bench::{BenchSetting, run_setting};
+use kiln::model::mvn::{HaltonMvnCdfConfig, MvnMethod, MvnQuery};
 
 fn parse_method(s: &str) -> Result<MvnMethod, String> {
     s.parse()
@@ -109,7 +109,7 @@ pub fn run_stream<R: BufRead, W: Write>(
             }
             let max_d = queries.iter().map(|q| q.dim()).max().unwrap_or(1).max(1);
             let model = match &model {
-                Some(m) if crate::model::mvn::HaltonMvnCdf::<Flex>::max_dim(m) >= max_d => m,
+                Some(m) if kiln::model::mvn::HaltonMvnCdf::<Flex>::max_dim(m) >= max_d => m,
                 _ => {
                     let m = HaltonMvnCdfConfig::new()
                         .with_max_dim(max_d.max(16))
@@ -160,8 +160,8 @@ pub fn run_stream<R: BufRead, W: Write>(
 }
 
 /// The query index an estimator error refers to, if any.
-fn e_query(e: &crate::model::mvn::MvnError) -> Option<usize> {
-    use crate::model::mvn::MvnError::*;
+fn e_query(e: &kiln::model::mvn::MvnError) -> Option<usize> {
+    use kiln::model::mvn::MvnError::*;
     match e {
         EmptyQuery { query }
         | DimensionTooLarge { query, .. }

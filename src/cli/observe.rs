@@ -3,129 +3,77 @@
 use std::path::{Path, PathBuf};
 
 use super::{CliError, CliResult};
-use crate::artifact::{Checkpoint, HostWeights};
-use crate::data::ColumnStats;
-use crate::infer::build_engine;
-use crate::model::RegressionNetConfig;
-use crate::observe::profiler::{self, KeyAverages, Options, ProfileOutputs, SortBy, StepProfiler};
-use crate::observe::schedule::Schedule;
-use crate::predict::{Prediction, Predictor};
-use crate::rng::SplitMix64;
+use kiln::bench::BenchError;
+use kiln::bench::profile::ProfileInferOptions;
+use kiln::observe::profiler::{self, KeyAverages, SortBy};
 
 /// Options of `kiln profile infer`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ProfileInferArgs {
-    /// Checkpoint (export or run directory); `None` = the reference network.
+    /// An export or run directory (default: the reference network, seeded weights).
+    #[arg(long)]
     pub checkpoint: Option<PathBuf>,
-    /// Engine name.
+    /// The reference network 20 → 48 → 48 → 3+3 (the default without --checkpoint).
+    #[arg(long, conflicts_with = "checkpoint")]
+    pub reference: bool,
+    /// Inference engine.
+    #[arg(long, default_value = "burn")]
     pub engine: String,
     /// Rows per call.
+    #[arg(long, default_value_t = 1)]
     pub batch: usize,
     /// Recorded iterations.
+    #[arg(long, default_value_t = 200)]
     pub iters: u64,
-    /// Unrecorded warm-up iterations.
+    /// Warm-up iterations (not recorded).
+    #[arg(long, default_value_t = 50)]
     pub warmup: u64,
-    /// Threads for the engine (0 = its default).
+    /// Engine threads (0 = its default).
+    #[arg(long, default_value_t = 0)]
     pub threads: usize,
     /// Output directory.
+    #[arg(long, default_value = "profile-infer")]
     pub out: PathBuf,
-    /// Seed of the fixed inputs.
+    /// Seed of the inputs.
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Record shapes.
+    /// Group the table by input shape.
+    #[arg(long)]
     pub record_shapes: bool,
-    /// Record RSS deltas.
+    /// Record resident-memory deltas per span.
+    #[arg(long)]
     pub profile_memory: bool,
-    /// Record source locations.
+    /// Record each span's source location.
+    #[arg(long)]
     pub with_stack: bool,
 }
 
-/// Weights and normalisation of the network to profile.
-pub fn network(
-    checkpoint: Option<&Path>,
-) -> Result<(HostWeights, Vec<ColumnStats>, Vec<ColumnStats>), CliError> {
-    match checkpoint {
-        Some(dir) => {
-            let c = Checkpoint::load(dir).map_err(CliError::input)?;
-            Ok((c.weights, c.manifest.features, c.manifest.targets))
-        }
-        None => {
-            let arch = RegressionNetConfig::reference();
-            let model = arch.init::<crate::backend::Cpu>(0, &Default::default());
-            let unit = |p: &str, n: usize| -> Vec<ColumnStats> {
-                (0..n)
-                    .map(|i| ColumnStats {
-                        name: format!("{p}{i}"),
-                        mean: 0.0,
-                        std: 1.0,
-                    })
-                    .collect()
-            };
-            Ok((
-                HostWeights::from_model(&model),
-                unit("f", arch.n_features),
-                unit("y", arch.n_targets),
-            ))
+impl ProfileInferArgs {
+    fn options(&self) -> ProfileInferOptions {
+        ProfileInferOptions {
+            checkpoint: self.checkpoint.clone(),
+            engine: self.engine.clone(),
+            batch: self.batch,
+            iters: self.iters,
+            warmup: self.warmup,
+            threads: self.threads,
+            out: self.out.clone(),
+            seed: self.seed,
+            record_shapes: self.record_shapes,
+            profile_memory: self.profile_memory,
+            with_stack: self.with_stack,
         }
     }
-}
-
-/// Fixed, seeded raw inputs drawn around the features' training means.
-pub fn seeded_inputs(features: &[ColumnStats], rows: usize, seed: u64) -> Vec<f32> {
-    let mut r = SplitMix64::derive(seed, &[0x1_4e_f0]);
-    let mut x = Vec::with_capacity(rows * features.len());
-    for _ in 0..rows {
-        for f in features {
-            x.push((f.mean + f.std * r.normal()) as f32);
-        }
-    }
-    x
-}
-
-/// Profile inference on identical inputs and write the trace and table.
-pub fn profile_infer_to(args: &ProfileInferArgs) -> Result<ProfileOutputs, CliError> {
-    if args.batch == 0 || args.iters == 0 {
-        return Err(CliError::input(anyhow::anyhow!(
-            "--batch and --iters must be ≥ 1"
-        )));
-    }
-    let (weights, features, targets) = network(args.checkpoint.as_deref())?;
-    let engine = build_engine(&args.engine, &weights, args.threads).map_err(CliError::input)?;
-    let mut predictor = Predictor::new(engine, &features, &targets);
-    let x = seeded_inputs(&features, args.batch, args.seed);
-    let mut out = Prediction {
-        mean: Vec::new(),
-        std: Vec::new(),
-    };
-    let mut prof = StepProfiler::new(
-        Schedule {
-            wait: 0,
-            warmup: args.warmup,
-            active: args.iters,
-            repeat: 1,
-        },
-        Options {
-            record_shapes: args.record_shapes,
-            profile_memory: args.profile_memory,
-            with_stack: args.with_stack,
-        },
-        args.out.clone(),
-        "infer_step",
-    );
-    let total = args.warmup + args.iters;
-    for it in 0..=total {
-        if let Some(o) = prof.on_step(it)? {
-            return Ok(o);
-        }
-        let _s = crate::prof_span!("infer_step", shape = ?[args.batch, features.len()]).entered();
-        predictor.predict_into(&x, args.batch, &mut out)?;
-    }
-    prof.finish()?
-        .ok_or_else(|| CliError::from(anyhow::anyhow!("nothing was recorded")))
 }
 
 /// `kiln profile infer`.
 pub fn profile_infer(args: &ProfileInferArgs) -> CliResult {
-    let o = profile_infer_to(args)?;
+    let o = kiln::bench::profile::profile_infer(&args.options()).map_err(|e| match e {
+        BenchError::Invalid(_) | BenchError::Artifact(_) | BenchError::Infer(_) => {
+            CliError::input(e)
+        }
+        other => CliError::from(other),
+    })?;
     eprint!("{}", o.averages.table(SortBy::Total, 30));
     println!("{}", o.table_json.display());
     eprintln!(
@@ -169,7 +117,7 @@ pub fn profile_diff(a: &Path, b: &Path, json: bool) -> CliResult {
 
 /// `kiln doctor`.
 pub fn doctor(json: bool) -> CliResult {
-    let r = crate::observe::doctor::report();
+    let r = kiln::doctor::report();
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

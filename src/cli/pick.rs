@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use super::{CliError, CliResult};
-use crate::artifact::Checkpoint;
-use crate::infer::build_engine;
-use crate::model::mvn::{HaltonMvnCdfConfig, MvnMethod};
-use crate::pick::{self, PickError};
-use crate::predict::Predictor;
+use kiln::artifact::Checkpoint;
+use kiln::infer::build_engine;
+use kiln::model::mvn::{HaltonMvnCdfConfig, MvnMethod};
+use kiln::pick::{self, PickError};
+use kiln::predict::Predictor;
 
 /// Options of `kiln pick`.
 #[derive(Debug, Clone, clap::Args)]
@@ -87,7 +87,7 @@ pub fn run(a: &PickArgs) -> CliResult {
         .with_randomizations(a.randomizations)
         .with_seed(a.seed)
         .with_method(MvnMethod::Genz)
-        .init::<crate::backend::Cpu>(&Default::default())
+        .init::<kiln::backend::Cpu>(&Default::default())
         .map_err(CliError::input)?;
     let engine = build_engine(&a.engine, &ckpt.weights, 1).map_err(CliError::input)?;
     let mut predictor = Predictor::for_checkpoint(&ckpt, engine);

@@ -3,9 +3,9 @@
 use std::path::Path;
 
 use super::{CliError, CliResult};
-use crate::artifact::Checkpoint;
-use crate::infer::build_engine;
-use crate::predict::{PredictError, Predictor, predict_csv, write_output};
+use kiln::artifact::Checkpoint;
+use kiln::infer::build_engine;
+use kiln::predict::{PredictError, Predictor, predict_csv, write_output};
 
 /// Load a checkpoint once and predict every row of `input`.
 pub fn run(checkpoint: &Path, input: &Path, output: Option<&Path>, engine: &str) -> CliResult {

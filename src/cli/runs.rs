@@ -4,11 +4,11 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::{CliError, CliResult};
-use crate::artifact::write_atomic;
-use crate::config;
-use crate::observe::analysis::{self, Flagged, RegressionRule, RunPoint};
-use crate::observe::plot::{Color, Figure, Panel, Series};
-use crate::observe::registry::{Registry, RunRow};
+use kiln::config;
+use kiln::observe::analysis::{self, Flagged, RegressionRule, RunPoint};
+use kiln::observe::plot::{Color, Figure, Panel, Series};
+use kiln::observe::registry::{Registry, RunRow};
+use kiln::util::write_atomic;
 
 /// Which latency the analysis reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -480,7 +480,7 @@ fn attribute(slow: &RunRow, peer: &RunRow, args: &RegressionArgs<'_>) -> CliResu
         r.latency
             .as_ref()
             .and_then(|l| l["engine"].as_str().map(String::from))
-            .unwrap_or_else(|| crate::observe::latency::serving_engine().into())
+            .unwrap_or_else(|| kiln::bench::latency::serving_engine().into())
     };
     let engines = [engine_of(peer), engine_of(slow)];
     let mut tables = Vec::new();
@@ -492,7 +492,7 @@ fn attribute(slow: &RunRow, peer: &RunRow, args: &RegressionArgs<'_>) -> CliResu
             eprintln!("  cannot attribute: {} has no artifact", r.id);
             return Ok(());
         };
-        let o = super::observe::profile_infer_to(&super::observe::ProfileInferArgs {
+        let o = kiln::bench::profile::profile_infer(&kiln::bench::profile::ProfileInferOptions {
             checkpoint: Some(PathBuf::from(artifact)),
             engine: engine.clone(),
             batch: args.which.batch(),
@@ -504,10 +504,11 @@ fn attribute(slow: &RunRow, peer: &RunRow, args: &RegressionArgs<'_>) -> CliResu
             record_shapes: false,
             profile_memory: false,
             with_stack: false,
-        })?;
+        })
+        .map_err(CliError::from)?;
         tables.push(o.averages);
     }
-    let rows = crate::observe::profiler::diff(&tables[0], &tables[1]);
+    let rows = kiln::observe::profiler::diff(&tables[0], &tables[1]);
     let engines = if engines[0] == engines[1] {
         engines[0].clone()
     } else {
@@ -517,7 +518,7 @@ fn attribute(slow: &RunRow, peer: &RunRow, args: &RegressionArgs<'_>) -> CliResu
         "  attribution ({engines}, batch {}, identical inputs; A = peer, B = flagged):",
         args.which.batch()
     );
-    for line in crate::observe::profiler::diff_table(&rows).lines().take(12) {
+    for line in kiln::observe::profiler::diff_table(&rows).lines().take(12) {
         println!("    {line}");
     }
     Ok(())

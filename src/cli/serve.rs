@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{CliError, CliResult};
-use crate::serve::{BatcherConfig, ServeConfig, ServeError};
+use kiln::serve::{BatcherConfig, ServeConfig, ServeError};
 
 /// Serve the models of a repository over the Open Inference Protocol v2 (KServe / Triton
 /// REST, with Triton's binary tensor extension).
@@ -82,7 +82,7 @@ impl ServeArgs {
 /// Serve until SIGTERM/SIGINT.
 pub fn run(args: &ServeArgs) -> CliResult {
     let repo = args.repository.display().to_string();
-    crate::serve::run_blocking(args.config(), |addr| {
+    kiln::serve::run_blocking(args.config(), |addr| {
         eprintln!(
             "kiln serve: {repo} on http://{addr} (Open Inference Protocol v2; metrics at /metrics)"
         );

@@ -38,8 +38,7 @@ use serde::{Deserialize, Serialize};
 use super::fused::{AlignedBuf, MAX_BLOCK, lowered_layers, make_pool, run_engine};
 use super::simd::{self, Act, F32x, Isa};
 use super::{Engine, HeadOutput, InferError, check_shape};
-use crate::artifact::{Checkpoint, HostWeights};
-use crate::config::DataConfig;
+use crate::artifact::HostWeights;
 use crate::model::RegressionNetConfig;
 
 /// Absolute part of the documented int8 agreement bound (normalised output units).
@@ -774,20 +773,4 @@ pub fn int8_accuracy_on(
         max_abs_diff_mean: max_diff(&a.mean, &b.mean),
         max_abs_diff_log_var: max_diff(&a.log_var, &b.log_var),
     })
-}
-
-/// The int8 accuracy report of a checkpoint on the test split of `data_cfg` (the dataset
-/// and split the checkpoint was trained with), for storing in its manifest at export.
-pub fn int8_accuracy_report(
-    ckpt: &Checkpoint,
-    data_cfg: &DataConfig,
-) -> Result<Int8AccuracyReport, crate::predict::PredictError> {
-    let data = crate::data::Dataset::load(data_cfg)?;
-    Ok(int8_accuracy_on(
-        &ckpt.weights,
-        &ckpt.manifest.features,
-        &ckpt.manifest.targets,
-        &data.test.x,
-        &data.test.y,
-    )?)
 }

@@ -27,7 +27,7 @@ pub mod int8;
 pub mod simd;
 
 pub use fused::FusedEngine;
-pub use int8::{Int8AccuracyReport, Int8Engine, int8_accuracy_on, int8_accuracy_report};
+pub use int8::{Int8AccuracyReport, Int8Engine, int8_accuracy_on};
 pub use simd::Isa;
 
 /// Errors from an inference engine.
@@ -170,19 +170,11 @@ impl<B: Backend> Engine for BurnEngine<B> {
     }
 }
 
-/// Engine names this build knows: the CPU engines, then (with the `cuda` feature) the
-/// CUDA ones. A name listed here may still be unavailable on this machine (no GPU).
-pub fn engine_names() -> Vec<&'static str> {
-    let mut v = cpu_engine_names();
-    if cfg!(feature = "cuda") {
-        v.extend(["cuda-bf16", "cuda-f32"]);
-    }
-    v
-}
+pub use crate::records::engine_names;
 
 /// The CPU engines (the default set of `kiln bench infer`).
 pub fn cpu_engine_names() -> Vec<&'static str> {
-    vec!["burn", "burn-ndarray", "fused", "int8"]
+    crate::records::CPU_ENGINES.to_vec()
 }
 
 /// Build an engine by name for `weights`, using at most `threads` threads per call

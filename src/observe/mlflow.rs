@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::registry::RunEnd;
 use crate::config::LoadedConfig;
-use crate::run::RunDir;
+use crate::records::RunDir;
 use crate::train::state::EpochRecord;
 
 /// MLflow's per-request limits for runs/log-batch.

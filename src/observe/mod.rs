@@ -1,12 +1,13 @@
 //! Observability: the scheduled profiler (on `tracing` spans), the resource trace, the
-//! bottleneck verdict, `kiln doctor`, and plots. Called from every stage; calls none of them.
+//! bottleneck verdict, the run registry, the MLflow mirror, and plots. Called from every stage; calls none of them.
 
 pub mod analysis;
-pub mod doctor;
-pub mod latency;
+#[cfg(feature = "mlflow")]
 pub mod mlflow;
+#[cfg(feature = "plots")]
 pub mod plot;
 pub mod profiler;
+#[cfg(feature = "registry")]
 pub mod registry;
 pub mod resources;
 pub mod schedule;

@@ -33,7 +33,7 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
 use super::schedule::{Action, Schedule};
-use crate::artifact::{ArtifactError, write_atomic};
+use crate::util::write_atomic;
 
 /// The span target the profiler listens to.
 pub const TARGET: &str = "kiln::prof";
@@ -281,7 +281,7 @@ impl StepProfiler {
 
     /// Call at the start of every step (optimizer step or inference iteration). Returns the
     /// outputs when this step ends the recording window.
-    pub fn on_step(&mut self, step: u64) -> Result<Option<ProfileOutputs>, ArtifactError> {
+    pub fn on_step(&mut self, step: u64) -> std::io::Result<Option<ProfileOutputs>> {
         if self.done {
             return Ok(None);
         }
@@ -294,7 +294,7 @@ impl StepProfiler {
     }
 
     /// Stop recording and write what was recorded (idempotent).
-    pub fn finish(&mut self) -> Result<Option<ProfileOutputs>, ArtifactError> {
+    pub fn finish(&mut self) -> std::io::Result<Option<ProfileOutputs>> {
         if self.done {
             return Ok(None);
         }
@@ -554,11 +554,9 @@ pub fn write_outputs(
     events: &[Event],
     dir: &Path,
     step_name: &str,
-) -> Result<ProfileOutputs, ArtifactError> {
-    std::fs::create_dir_all(dir).map_err(|source| ArtifactError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+) -> std::io::Result<ProfileOutputs> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
     let trace = dir.join("trace.json");
     write_atomic(
         &trace,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::artifact::{ArtifactError, write_atomic};
+use crate::util::write_atomic;
 
 /// Resident set size of this process in KiB (Linux; `None` elsewhere).
 pub fn rss_kb() -> Option<i64> {
@@ -267,20 +267,20 @@ fn sample_loop(shared: Arc<Mutex<Shared>>, stop: Receiver<()>, interval: Duratio
 }
 
 /// Write `resources.csv`, `resources.svg` and `resources.png` into `dir`.
-pub fn write_trace(trace: &Trace, dir: &Path) -> Result<Vec<PathBuf>, ArtifactError> {
+pub fn write_trace(trace: &Trace, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let csv = dir.join("resources.csv");
     write_atomic(&csv, trace.to_csv().as_bytes())?;
-    let fig = figure(trace);
-    let (svg, png) = fig
-        .save(&dir.join("resources"))
-        .map_err(|source| ArtifactError::Io {
-            path: dir.join("resources.{svg,png}"),
-            source,
-        })?;
-    Ok(vec![csv, svg, png])
+    #[cfg(feature = "plots")]
+    {
+        let (svg, png) = figure(trace).save(&dir.join("resources"))?;
+        Ok(vec![csv, svg, png])
+    }
+    #[cfg(not(feature = "plots"))]
+    Ok(vec![csv])
 }
 
 /// The article's figure: memory and CPU over time, stage boundaries marked.
+#[cfg(feature = "plots")]
 pub fn figure(trace: &Trace) -> super::plot::Figure {
     use super::plot::{Color, Figure, Panel, Series, VLine};
     let pts = |f: &dyn Fn(&Sample) -> f64| -> Vec<(f64, f64)> {

@@ -1,12 +1,26 @@
 //! Training: the stage loop, the learning-rate schedule, global-norm clipping, freezing,
 //! evaluation, resumable state and progress display.
+//!
+//! * [`trainer`]: the entry points ([`train`], [`train_cpu`]); [`job`]: their types;
+//! * `session`: the loop's parts — open (data, model, resume), stage, epoch, snapshot;
+//! * `finish`: the verdict, final evaluation and export;
+//! * [`stage`]: freezing, the stage's fresh AdamW, its loss; [`prepare`]: data and
+//!   normalisation fit on the training split.
 
 pub mod clip;
 pub mod evaluate;
+mod finish;
+pub mod job;
+pub mod prepare;
 pub mod progress;
 pub mod schedule;
+mod session;
+pub mod stage;
 pub mod state;
 pub mod trainer;
 
+pub use job::{StageSummary, TrainError, TrainHooks, TrainJob, TrainOutcome, Trained, summarise};
+pub use prepare::Prepared;
 pub use progress::ProgressMode;
-pub use trainer::{TrainError, TrainJob, TrainOutcome, Trained, train, train_cpu};
+pub use stage::{adamw, part_param_ids, set_trainable, stage_loss};
+pub use trainer::{train, train_cpu};

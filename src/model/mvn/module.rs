@@ -20,7 +20,8 @@ use super::query::{
     prepare_slices,
 };
 use super::tensor_path::{
-    MvnTensorBatch, MvnTensorEstimates, OnDevice, estimate_on_device, estimate_tensor,
+    MvnTensorBatch, MvnTensorEstimates, OnDevice, PointSets, estimate_on_device, estimate_tensor,
+    tensor_to_vec,
 };
 
 /// Which estimator the module runs.
@@ -220,20 +221,6 @@ impl<B: Backend> MvnConstants<B> {
             quantiles,
         })
     }
-}
-
-/// Reads a 1-D float tensor back as f32 values.
-pub(crate) fn tensor_to_vec<B: Backend>(t: Tensor<B, 1>) -> Result<Vec<f32>, MvnError> {
-    let data = t.try_into_data().map_err(|e| MvnError::Backend {
-        context: "reading a tensor back to the host",
-        message: format!("{e:?}"),
-    })?;
-    data.convert::<f32>()
-        .into_vec::<f32>()
-        .map_err(|e| MvnError::Backend {
-            context: "converting tensor data to f32",
-            message: format!("{e:?}"),
-        })
 }
 
 /// The Halton multivariate-normal CDF estimator.
@@ -578,5 +565,29 @@ impl<B: Backend> MvnInput<B> for OnDevice<'_> {
     fn estimate(self, model: &HaltonMvnCdf<B>) -> Self::Output {
         let _span = tracing::debug_span!("mvn.forward", path = "tensor-mixed").entered();
         estimate_on_device(model, self.0)
+    }
+}
+
+impl<B: Backend> PointSets<B> for HaltonMvnCdf<B> {
+    fn method(&self) -> MvnMethod {
+        self.method
+    }
+    fn halton_points(&self) -> Tensor<B, 3> {
+        self.constants.points.val()
+    }
+    fn normal_quantiles(&self) -> Option<Tensor<B, 3>> {
+        self.constants.normal_quantiles.as_ref().map(|q| q.val())
+    }
+    fn max_dim(&self) -> usize {
+        HaltonMvnCdf::max_dim(self)
+    }
+    fn points(&self) -> usize {
+        HaltonMvnCdf::points(self)
+    }
+    fn randomizations(&self) -> usize {
+        HaltonMvnCdf::randomizations(self)
+    }
+    fn device(&self) -> B::Device {
+        HaltonMvnCdf::device(self)
     }
 }

@@ -22,7 +22,6 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::MvnMethod;
 use super::cholesky::factor;
 use super::error::MvnError;
-use super::module::{HaltonMvnCdf, tensor_to_vec};
 use super::query::{MvnEstimate, MvnQueryBatch, SYMMETRY_TOLERANCE, prepare, prepare_queries};
 use super::tensor_normal::{interval_mass, phi, phi_inv, truncated_mean};
 
@@ -117,9 +116,43 @@ fn dims_text(d: &[usize]) -> String {
     format!("shape [{}]", parts.join(", "))
 }
 
+/// What the tensor path needs of the estimator module: its constants and their sizes.
+/// [`super::HaltonMvnCdf`] implements it; the trait keeps this file from importing the module
+/// that calls it (one direction: `module` → `tensor_path`).
+pub(crate) trait PointSets<B: Backend> {
+    /// The estimator.
+    fn method(&self) -> MvnMethod;
+    /// The scrambled Halton point sets, R × n × max_dim.
+    fn halton_points(&self) -> Tensor<B, 3>;
+    /// Their normal quantiles (naive method only).
+    fn normal_quantiles(&self) -> Option<Tensor<B, 3>>;
+    /// The largest dimension answered.
+    fn max_dim(&self) -> usize;
+    /// Points per randomisation.
+    fn points(&self) -> usize;
+    /// Randomisations.
+    fn randomizations(&self) -> usize;
+    /// The device the constants live on.
+    fn device(&self) -> B::Device;
+}
+
+/// Read a 1-D tensor back to the host as f32.
+pub(crate) fn tensor_to_vec<B: Backend>(t: Tensor<B, 1>) -> Result<Vec<f32>, MvnError> {
+    let data = t.try_into_data().map_err(|e| MvnError::Backend {
+        context: "reading a tensor back to the host",
+        message: format!("{e:?}"),
+    })?;
+    data.convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| MvnError::Backend {
+            context: "converting tensor data to f32",
+            message: format!("{e:?}"),
+        })
+}
+
 /// Runs the tensor path on a batch.
 pub(crate) fn estimate_tensor<B: Backend>(
-    model: &HaltonMvnCdf<B>,
+    model: &impl PointSets<B>,
     batch: MvnTensorBatch<B>,
 ) -> Result<MvnTensorEstimates<B>, MvnError> {
     let device = model.device();
@@ -400,7 +433,7 @@ fn explain_bad_query<B: Backend>(
 
 /// The first `d_use` coordinates of the points, randomisation-major, as [d_use, R·n]
 /// (row i = coordinate i).
-fn point_rows<B: Backend>(model: &HaltonMvnCdf<B>, d_use: usize) -> Tensor<B, 2> {
+fn point_rows<B: Backend>(model: &impl PointSets<B>, d_use: usize) -> Tensor<B, 2> {
     let points = model.halton_points(); // [R, n, m]
     let [rr, n, _] = points.dims();
     points
@@ -420,7 +453,7 @@ fn combine<B: Backend>(values: Tensor<B, 2>, rr: usize, n: usize) -> (Tensor<B, 
 }
 
 fn integrate_genz<B: Backend>(
-    model: &HaltonMvnCdf<B>,
+    model: &impl PointSets<B>,
     fac: &TensorFactor<B>,
 ) -> (Tensor<B, 1>, Tensor<B, 1>) {
     let [n_q, d] = fac.a.dims();
@@ -492,7 +525,7 @@ fn integrate_genz<B: Backend>(
 }
 
 fn integrate_naive<B: Backend>(
-    model: &HaltonMvnCdf<B>,
+    model: &impl PointSets<B>,
     fac: &TensorFactor<B>,
 ) -> Result<(Tensor<B, 1>, Tensor<B, 1>), MvnError> {
     let [n_q, d] = fac.a.dims();
@@ -546,7 +579,7 @@ fn integrate_naive<B: Backend>(
 
 /// Runs a mixed-dimension host batch on the tensor path (see [`OnDevice`]).
 pub(crate) fn estimate_on_device<B: Backend>(
-    model: &HaltonMvnCdf<B>,
+    model: &impl PointSets<B>,
     batch: &MvnQueryBatch,
 ) -> Result<Vec<MvnEstimate>, MvnError> {
     let prepared = prepare_queries(&batch.queries, model.max_dim())?;

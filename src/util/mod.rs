@@ -1,4 +1,14 @@
-//! Small helpers shared across the crate: UTC timestamps without a date-time dependency.
+//! Small helpers shared across the crate (a leaf: imports nothing of kiln's): UTC timestamps
+//! without a date-time dependency, atomic file writes, the one percentile definition, the one
+//! Gaussian negative log-likelihood, and the one XML/HTML escaper.
+
+mod fs;
+mod stats;
+mod text;
+
+pub use fs::{sync_dir, write_atomic, write_synced};
+pub use stats::{HALF_LN_2PI, gaussian_nll, percentile};
+pub use text::escape_xml;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::artifact::{ArtifactError, write_atomic};
 use crate::rng::SplitMix64;
 use crate::util;
 
@@ -125,9 +124,27 @@ impl RunDir {
     }
 
     /// Write the status file atomically.
-    pub fn write_status(&self, status: &RunStatus) -> Result<(), ArtifactError> {
+    pub fn write_status(&self, status: &RunStatus) -> std::io::Result<()> {
         let json = serde_json::to_vec_pretty(status).expect("status serialises");
-        write_atomic(&self.status_file(), &json)
+        util::write_atomic(&self.status_file(), &json)
+    }
+
+    /// Write the status file: `status` (`running`, `finished`, `failed`) by this process,
+    /// with the reason of a failure; `ended_at` is set for every status but `running`.
+    pub fn mark(
+        &self,
+        status: &str,
+        reason: Option<String>,
+        started_at: &str,
+    ) -> std::io::Result<()> {
+        self.write_status(&RunStatus {
+            id: self.id.clone(),
+            status: status.into(),
+            pid: std::process::id(),
+            started_at: started_at.into(),
+            ended_at: (status != "running").then(|| util::rfc3339(util::unix_now())),
+            reason,
+        })
     }
 }
 

@@ -15,6 +15,13 @@
 //!   - {model.hidden: [8]}
 //! ```
 
+mod runner;
+
+pub use runner::{
+    InProcessLauncher, LaunchRequest, Launched, Launcher, Member, ProcessLauncher, SweepError,
+    SweepOptions, SweepReport, run_sweep,
+};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

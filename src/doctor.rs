@@ -167,7 +167,7 @@ pub fn report() -> DoctorReport {
         backends,
         default_device: "cpu (flex)".into(),
         cpu_model,
-        logical_cores: super::resources::cores(),
+        logical_cores: crate::observe::resources::cores(),
         physical_cores,
         rayon_threads: rayon::current_num_threads(),
         thread_env,

@@ -10,6 +10,7 @@ use crate::artifact::Checkpoint;
 use crate::infer::{InferError, build_engine, engine_names};
 use crate::predict::{Prediction, Predictor};
 use crate::rng::SplitMix64;
+use crate::util::percentile;
 
 /// Latency percentiles at one batch size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,15 +53,6 @@ pub fn serving_engine() -> &'static str {
     } else {
         "burn"
     }
-}
-
-/// The `q`-quantile (0–1) of sorted values (nearest rank).
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
 }
 
 /// Measure `ckpt` on `engine` at each batch size: `warmup` untimed calls, then timed calls
@@ -106,28 +98,13 @@ pub fn measure(
         results.push(BatchLatency {
             batch,
             iters: times.len(),
-            p50_us: quantile(&times, 0.50),
-            p95_us: quantile(&times, 0.95),
-            p99_us: quantile(&times, 0.99),
+            p50_us: percentile(&times, 0.50),
+            p95_us: percentile(&times, 0.95),
+            p99_us: percentile(&times, 0.99),
         });
     }
     Ok(LatencyReport {
         engine: engine.to_string(),
         batches: results,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nearest_rank_quantiles() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&v, 0.5), 50.0);
-        assert_eq!(quantile(&v, 0.99), 99.0);
-        assert_eq!(quantile(&v, 1.0), 100.0);
-        assert_eq!(quantile(&[7.0], 0.5), 7.0);
-        assert!(quantile(&[], 0.5).is_nan());
-    }
 }

@@ -1,0 +1,193 @@
+//! What a training session is asked to do and what it reports: the job, its observers'
+//! hooks, the outcome and the errors. The loop itself is in `session`; the entry points in
+//! [`super::trainer`].
+//!
+//! The staged training loop:
+//!
+//! Each stage freezes the parts it does not train (their parameters stop requiring
+//! gradients, so the backward pass skips them), builds a **new** AdamW over its trainable
+//! parameters only, and steps a cosine-with-warm-restarts schedule once per optimizer step.
+//! Gradients are clipped by their global L2 norm. After every epoch the model is validated and
+//! a resumable snapshot is written; at the end of a stage the stage's best epoch (by validation
+//! loss) is restored, so the export holds the best epoch of the last stage on top of the best
+//! epoch of the earlier ones.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+
+use super::evaluate::EvalReport;
+use super::progress::ProgressMode;
+use super::state::StateError;
+use crate::artifact::{ArtifactError, Manifest};
+use crate::config::{ExperimentConfig, LoadedConfig};
+use crate::data::DataError;
+use crate::model::RegressionNet;
+use crate::observe::verdict::Verdict;
+use crate::records::{EpochRecord, RunDir};
+
+/// Errors that end a training run.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The dataset could not be read.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// A checkpoint or export file could not be written.
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    /// The resumable state could not be read or written.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// A file could not be written (the message names it).
+    #[error(transparent)]
+    File(#[from] std::io::Error),
+    /// A file of the run directory could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The loss became NaN or infinite.
+    #[error(
+        "training diverged in stage {stage} ({name}) epoch {epoch} step {step}: loss is {value} (lower the learning rate or set clip_norm)"
+    )]
+    Diverged {
+        /// Stage index.
+        stage: usize,
+        /// Stage name.
+        name: String,
+        /// Epoch (1-based).
+        epoch: usize,
+        /// Step in the stage.
+        step: u64,
+        /// The loss value.
+        value: f64,
+    },
+    /// `--resume` was given a run that cannot be continued.
+    #[error("cannot resume {run}: {reason}")]
+    Resume {
+        /// The run directory.
+        run: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Callbacks for observers of the training loop (the run layer forwards them to the run's
+/// observers: registry, MLflow mirror). Failures are the observer's to report; they never
+/// stop training.
+pub trait TrainHooks: Sync {
+    /// An epoch ended (its line is in `epochs.jsonl`; its snapshot follows).
+    fn on_epoch(&self, _run: &RunDir, _record: &EpochRecord) {}
+    /// Stage `index` (`name`) ended: its best epoch is restored and snapshotted.
+    fn on_stage_end(&self, _run: &RunDir, _index: usize, _name: &str) {}
+    /// The checkpoint was exported (renamed into place) at `dir`.
+    fn on_export(&self, _run: &RunDir, _dir: &Path) {}
+}
+
+/// What a training run is asked to do.
+pub struct TrainJob<'a> {
+    /// Observers of the run.
+    pub hooks: Option<&'a dyn TrainHooks>,
+    /// The experiment.
+    pub config: &'a LoadedConfig,
+    /// The run directory (fresh, or the one being resumed).
+    pub run: RunDir,
+    /// Continue from the run's saved state.
+    pub resume: bool,
+    /// Progress display.
+    pub progress: ProgressMode,
+    /// Stop after this many epochs in total (tests use it to simulate an interruption).
+    pub stop_after_epochs: Option<usize>,
+}
+
+/// Per-stage throughput summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageSummary {
+    /// Stage name.
+    pub name: String,
+    /// Epochs run.
+    pub epochs: usize,
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Samples per second over the stage's steps.
+    pub samples_per_s: f64,
+    /// Fraction of step time waiting for data.
+    pub data_wait_frac: f64,
+    /// Best validation loss (restored at the end of the stage).
+    pub best_val_loss: f64,
+    /// The epoch (1-based) it came from.
+    pub best_epoch: usize,
+}
+
+/// The result of a finished run.
+#[derive(Debug, Clone)]
+pub struct TrainOutcome {
+    /// The run directory.
+    pub run: RunDir,
+    /// The export directory (absent when the run was stopped early).
+    pub export_dir: Option<PathBuf>,
+    /// The test-split table.
+    pub report: Option<EvalReport>,
+    /// Per-stage summaries.
+    pub stages: Vec<StageSummary>,
+    /// Parameter count.
+    pub parameter_count: usize,
+    /// The manifest written.
+    pub manifest: Option<Manifest>,
+    /// Wall time of the run in this process.
+    pub wall: Duration,
+    /// The bottleneck verdict (absent when the run was stopped early).
+    pub verdict: Option<Verdict>,
+}
+
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A finished run and its final (best) model without autodiff.
+pub struct Trained<B: AutodiffBackend> {
+    /// What happened.
+    pub outcome: TrainOutcome,
+    /// The exported model (absent when the run was stopped early).
+    pub model: Option<RegressionNet<B::InnerBackend>>,
+}
+
+/// Per-stage throughput and best epoch from the history.
+pub fn summarise(cfg: &ExperimentConfig, history: &[EpochRecord]) -> Vec<StageSummary> {
+    cfg.stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let h: Vec<&EpochRecord> = history.iter().filter(|r| r.stage == i).collect();
+            let steps: u64 = h.iter().map(|r| r.steps).sum();
+            let time: f64 = h.iter().map(|r| r.data_wait_s + r.compute_s).sum();
+            let wait: f64 = h.iter().map(|r| r.data_wait_s).sum();
+            let samples: f64 = h
+                .iter()
+                .map(|r| r.samples_per_s * (r.data_wait_s + r.compute_s))
+                .sum();
+            let best = h
+                .iter()
+                .min_by(|a, b| a.val_loss.total_cmp(&b.val_loss))
+                .map(|r| (r.val_loss, r.epoch + 1))
+                .unwrap_or((f64::NAN, 0));
+            StageSummary {
+                name: s.name.clone(),
+                epochs: h.len(),
+                steps,
+                samples_per_s: samples / time.max(1e-12),
+                data_wait_frac: wait / time.max(1e-12),
+                best_val_loss: best.0,
+                best_epoch: best.1,
+            }
+        })
+        .collect()
+}

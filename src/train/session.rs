@@ -1,0 +1,556 @@
+//! One training session on one backend, split along the loop's natural parts:
+//!
+//! * [`Session::open`]: load and normalise the data, build the loader and the model, restore a
+//!   resumed run's state, and line the run's logs up with that state;
+//! * [`Session::run_stage`]: one stage — freezing, the stage's fresh AdamW, its schedule, and
+//!   its epochs ([`Session::run_epoch`] steps, validates and logs one epoch; the snapshot
+//!   follows it);
+//! * [`Session::finish`]: the profiler's and resource monitor's outputs, the bottleneck
+//!   verdict, and the final evaluation and export (`super::finish`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use burn::module::{AutodiffModule, Module};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor, TensorData};
+
+use super::clip::clip_global_norm;
+use super::evaluate::{mse_normalised, nll_normalised, predict_split};
+use super::job::{TrainError, TrainJob, io_err};
+use super::prepare::Prepared;
+use super::progress::Reporter;
+use super::schedule::LrSchedule;
+use super::stage::{adamw, part_param_ids, set_trainable, stage_loss};
+use super::state::{self, Progress, Snapshot};
+use crate::config::{Loss, Part, StageConfig};
+use crate::data::dataset::{Affine, sha256_hex};
+use crate::data::loader::{BatchSource, Loader, LoaderSpec};
+use crate::model::RegressionNet;
+use crate::observe::profiler::{self, SortBy, StepProfiler};
+use crate::observe::resources::{self, Monitor};
+use crate::observe::schedule::Schedule;
+use crate::records::EpochRecord;
+
+/// The optimizer a stage builds afresh.
+type StageOptimizer<B> = OptimizerAdaptor<AdamW, RegressionNet<B>, B>;
+
+/// How a stage ended.
+pub(crate) enum StageEnd {
+    /// Every epoch ran; the stage's best epoch is restored.
+    Done,
+    /// `stop_after_epochs` was reached (tests simulate an interruption with it).
+    Stopped,
+}
+
+/// The state of a training session between its parts.
+pub(crate) struct Session<'j, 'a, B: AutodiffBackend> {
+    pub(crate) job: &'j TrainJob<'a>,
+    pub(crate) device: B::Device,
+    pub(crate) started: Instant,
+    pub(crate) reporter: Reporter,
+    pub(crate) prep: Prepared,
+    pub(crate) x_aff: Affine,
+    pub(crate) y_aff: Affine,
+    pub(crate) workers: usize,
+    pub(crate) config_sha: String,
+    loader: Loader,
+    pub(crate) model: RegressionNet<B>,
+    best: Option<RegressionNet<B>>,
+    pending_optim: Option<PathBuf>,
+    pub(crate) progress: Progress,
+    steps_path: PathBuf,
+    steps_out: std::io::BufWriter<std::fs::File>,
+    epochs_done_here: usize,
+    pub(crate) first_epoch_here: usize,
+    pub(crate) monitor: Option<Monitor>,
+    pub(crate) cpu_start: f64,
+    pub(crate) wall_start: Instant,
+    profiler: Option<StepProfiler>,
+}
+
+impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
+    /// Prepare the data, loader and model; restore a resumed run; open the run's logs.
+    pub(crate) fn open(job: &'j TrainJob<'a>, device: &B::Device) -> Result<Self, TrainError> {
+        let started = Instant::now();
+        let cfg = &job.config.config;
+        let run = &job.run;
+        let reporter = Reporter::new(job.progress);
+        let prep = Prepared::new(cfg)?;
+        let (x_aff, y_aff) = (Affine::new(&prep.x_stats), Affine::new(&prep.y_stats));
+        let arch = &prep.arch;
+        let data = &prep.data;
+        reporter.line(&format!(
+            "RegressionNet {} → {:?} → 2×{} ({}): {} parameters; {} train / {} validation / {} test rows",
+            arch.n_features,
+            arch.hidden,
+            arch.n_targets,
+            arch.activation.name(),
+            arch.num_params(),
+            data.train.rows(),
+            data.validation.rows(),
+            data.test.rows()
+        ));
+        let config_sha = sha256_hex(job.config.text.as_bytes());
+        let workers = cfg.loader.num_workers.resolve();
+        let spec = LoaderSpec {
+            batch_size: cfg.loader.batch_size,
+            workers,
+            prefetch: cfg.loader.prefetch,
+            shuffle: cfg.loader.shuffle,
+            drop_last: cfg.loader.drop_last,
+            seed: cfg.seed,
+        };
+        let source = Arc::new(
+            BatchSource::new(
+                data.train.x.clone(),
+                data.train.y.clone(),
+                x_aff.clone(),
+                y_aff.clone(),
+            )
+            .with_transform_passes(cfg.data.transform_passes),
+        );
+        let loader = Loader::new(source, spec);
+        let mut model: RegressionNet<B> = arch.init(cfg.seed, device);
+        let mut best = None;
+        let mut pending_optim = None;
+        let mut progress = Progress {
+            stage: 0,
+            epoch: 0,
+            stage_step: 0,
+            global_step: 0,
+            best_val: None,
+            best_epoch: None,
+            history: Vec::new(),
+            steps_csv_len: 0,
+            config_sha256: config_sha.clone(),
+            dataset_sha256: data.sha256.clone(),
+        };
+        if job.resume {
+            let (dir, saved) = state::latest(&run.state_dir())?;
+            let refuse = |reason: String| TrainError::Resume {
+                run: run.path.clone(),
+                reason,
+            };
+            if saved.config_sha256 != config_sha {
+                return Err(refuse(
+                    "the config differs from the one the run started with".into(),
+                ));
+            }
+            if saved.dataset_sha256 != data.sha256 {
+                return Err(refuse(format!(
+                    "the dataset {} changed since the run started (SHA-256 {} → {})",
+                    data.path.display(),
+                    saved.dataset_sha256,
+                    data.sha256
+                )));
+            }
+            model = state::load_module(model, &dir.join("model.bin"), device)?;
+            if dir.join("best.bin").exists() {
+                best = Some(state::load_module(
+                    model.clone(),
+                    &dir.join("best.bin"),
+                    device,
+                )?);
+            }
+            if dir.join("optim.bin").exists() {
+                pending_optim = Some(dir.join("optim.bin"));
+            }
+            progress = saved;
+            reporter.line(&format!(
+                "resuming {} at stage {} epoch {} (step {})",
+                run.id, progress.stage, progress.epoch, progress.global_step
+            ));
+        }
+        let (steps_path, steps_out) = open_logs(run.steps_file(), &run.epochs_file(), &progress)?;
+        let p = &cfg.profile;
+        let profiler = p.enabled.then(|| {
+            let dir = if p.out_dir.is_absolute() {
+                p.out_dir.clone()
+            } else {
+                run.path.join(&p.out_dir)
+            };
+            StepProfiler::new(
+                Schedule {
+                    wait: p.wait,
+                    warmup: p.warmup,
+                    active: p.active,
+                    repeat: p.repeat,
+                },
+                profiler::Options {
+                    record_shapes: p.record_shapes,
+                    profile_memory: p.profile_memory,
+                    with_stack: p.with_stack,
+                },
+                dir,
+                "train_step",
+            )
+        });
+        let first_epoch_here = progress.history.len();
+        Ok(Self {
+            job,
+            device: device.clone(),
+            started,
+            reporter,
+            prep,
+            x_aff,
+            y_aff,
+            workers,
+            config_sha,
+            loader,
+            model,
+            best,
+            pending_optim,
+            progress,
+            steps_path,
+            steps_out,
+            epochs_done_here: 0,
+            first_epoch_here,
+            monitor: Some(Monitor::start(Duration::from_millis(500))),
+            cpu_start: resources::cpu_seconds().unwrap_or(0.0),
+            wall_start: Instant::now(),
+            profiler,
+        })
+    }
+
+    /// Run the current stage's remaining epochs; each is followed by a resumable snapshot.
+    pub(crate) fn run_stage(&mut self) -> Result<StageEnd, TrainError> {
+        let job = self.job;
+        let cfg = &job.config.config;
+        let si = self.progress.stage;
+        let stage = &cfg.stages[si];
+        if let Some(m) = &self.monitor {
+            m.mark(&stage.name);
+        }
+        self.model = set_trainable(self.model.clone(), &stage.trainable);
+        let mut optim = adamw(stage).init::<B, RegressionNet<B>>();
+        if let Some(p) = self.pending_optim.take() {
+            optim = optim.load_record(state::decode::<B, _>(&p, &self.device)?);
+        }
+        let schedule = LrSchedule::new(&stage.schedule, stage.optimizer.lr);
+        while self.progress.epoch < stage.epochs {
+            if self
+                .job
+                .stop_after_epochs
+                .is_some_and(|n| self.epochs_done_here >= n)
+            {
+                self.steps_out.flush().map_err(io_err(&self.steps_path))?;
+                return Ok(StageEnd::Stopped);
+            }
+            self.run_epoch(si, stage, &mut optim, &schedule)?;
+            let stage_done = self.progress.epoch >= stage.epochs;
+            self.snapshot(&optim, stage_done)?;
+            if stage_done {
+                if let Some(h) = job.hooks {
+                    h.on_stage_end(&job.run, si, &stage.name);
+                }
+                break;
+            }
+        }
+        Ok(StageEnd::Done)
+    }
+
+    /// One epoch: every step, then validation, the epoch's log line and the observers' event.
+    fn run_epoch(
+        &mut self,
+        si: usize,
+        stage: &StageConfig,
+        optim: &mut StageOptimizer<B>,
+        schedule: &LrSchedule,
+    ) -> Result<EpochRecord, TrainError> {
+        let (nf, nt) = (self.prep.arch.n_features, self.prep.arch.n_targets);
+        let device = self.device.clone();
+        let trainable = part_param_ids(&self.model, &stage.trainable);
+        let mean_trainable = stage.trainable.contains(&Part::MeanHead);
+        let epoch = self.progress.epoch;
+        let n_batches = self.loader.batches_per_epoch();
+        self.reporter
+            .epoch_start(&stage.name, epoch, stage.epochs, n_batches);
+        let (mut wait, mut compute) = (Duration::ZERO, Duration::ZERO);
+        let (mut loss_sum, mut norm_sum, mut norm_max, mut clipped) = (0.0, 0.0, 0.0f64, 0u64);
+        let (mut steps, mut samples) = (0u64, 0usize);
+        let mut lr = schedule.lr(self.progress.stage_step);
+        let mut batches = self.loader.epoch(epoch_label(si, epoch));
+        loop {
+            if let Some(p) = self.profiler.as_mut()
+                && let Some(out) = p.on_step(self.progress.global_step)?
+            {
+                self.reporter.line(&format!(
+                    "profiler: {} steps recorded → {} (open in Perfetto) and {}\n{}",
+                    out.averages.steps,
+                    out.trace.display(),
+                    out.table_txt.display(),
+                    out.averages.table(SortBy::Total, 25)
+                ));
+            }
+            let step_span = crate::prof_span!("train_step").entered();
+            let t0 = Instant::now();
+            let batch = {
+                let _s = crate::prof_span!("data_wait").entered();
+                batches.next()
+            };
+            let Some(batch) = batch else { break };
+            let t1 = Instant::now();
+            let rows = batch.rows;
+            let (x, y) = {
+                let _s = crate::prof_span!("h2d", shape = ?[rows, nf]).entered();
+                let x = Tensor::<B, 2>::from_data(TensorData::new(batch.x, [rows, nf]), &device);
+                let y = Tensor::<B, 2>::from_data(TensorData::new(batch.y, [rows, nt]), &device);
+                profiler::sync::<B>(&device);
+                (x, y)
+            };
+            let out = {
+                let _s = crate::prof_span!("forward", shape = ?[rows, nf]).entered();
+                let out = self.model.forward(x);
+                profiler::sync::<B>(&device);
+                out
+            };
+            let (loss, loss_value) = {
+                let _s = crate::prof_span!("loss").entered();
+                let loss = stage_loss(stage.loss, mean_trainable, out, y);
+                let v: f64 = loss.clone().into_scalar().elem::<f64>();
+                (loss, v)
+            };
+            if !loss_value.is_finite() {
+                return Err(TrainError::Diverged {
+                    stage: si,
+                    name: stage.name.clone(),
+                    epoch: epoch + 1,
+                    step: self.progress.stage_step,
+                    value: loss_value,
+                });
+            }
+            let mut grads = {
+                let _s = crate::prof_span!("backward").entered();
+                let mut g = loss.backward();
+                let grads = GradientsParams::from_params(&mut g, &self.model, &trainable);
+                profiler::sync::<B>(&device);
+                grads
+            };
+            let norm = {
+                let _s = crate::prof_span!("clip").entered();
+                clip_global_norm::<B, _>(&self.model, &mut grads, stage.clip_norm)
+            };
+            lr = schedule.lr(self.progress.stage_step);
+            self.model = {
+                let _s = crate::prof_span!("optimizer_step").entered();
+                let m = optim.step(lr, self.model.clone(), grads);
+                profiler::sync::<B>(&device);
+                m
+            };
+            drop(step_span);
+            let t2 = Instant::now();
+            let (dw, dc) = (t1 - t0, t2 - t1);
+            wait += dw;
+            compute += dc;
+            loss_sum += loss_value;
+            norm_sum += norm;
+            norm_max = norm_max.max(norm);
+            if stage.clip_norm.is_some_and(|c| norm > c) {
+                clipped += 1;
+            }
+            writeln!(
+                self.steps_out,
+                "{si},{epoch},{},{lr:.6e},{loss_value:.6e},{norm:.6e},{},{}",
+                self.progress.stage_step,
+                dw.as_micros(),
+                dc.as_micros()
+            )
+            .map_err(io_err(&self.steps_path))?;
+            self.progress.stage_step += 1;
+            self.progress.global_step += 1;
+            steps += 1;
+            samples += rows;
+            let elapsed = (wait + compute).as_secs_f64();
+            self.reporter.step(
+                &stage.name,
+                epoch,
+                steps as usize - 1,
+                n_batches,
+                loss_value,
+                lr,
+                samples as f64 / elapsed.max(1e-9),
+                wait.as_secs_f64() / elapsed.max(1e-9),
+            );
+        }
+        drop(batches);
+        self.steps_out.flush().map_err(io_err(&self.steps_path))?;
+
+        let tv = Instant::now();
+        let val_loss = {
+            let _s = crate::prof_span!("validation").entered();
+            let data = &self.prep.data;
+            let inner = self.model.valid();
+            let vpred = predict_split(&inner, &data.validation.x, &self.x_aff, &device);
+            match stage.loss {
+                Loss::Mse => mse_normalised(&vpred, &data.validation.y, &self.y_aff),
+                Loss::GaussianNll => nll_normalised(&vpred, &data.validation.y, &self.y_aff),
+            }
+        };
+        let validation_s = tv.elapsed().as_secs_f64();
+        let step_time = (wait + compute).as_secs_f64().max(1e-12);
+        let record = EpochRecord {
+            stage: si,
+            stage_name: stage.name.clone(),
+            epoch,
+            steps,
+            train_loss: loss_sum / steps.max(1) as f64,
+            val_loss,
+            lr,
+            grad_norm_mean: norm_sum / steps.max(1) as f64,
+            grad_norm_max: norm_max,
+            clipped_frac: clipped as f64 / steps.max(1) as f64,
+            samples_per_s: samples as f64 / step_time,
+            data_wait_frac: wait.as_secs_f64() / step_time,
+            data_wait_s: wait.as_secs_f64(),
+            compute_s: compute.as_secs_f64(),
+            validation_s,
+        };
+        let improved = val_loss.is_finite() && self.progress.best_val.is_none_or(|b| val_loss < b);
+        if improved {
+            self.progress.best_val = Some(val_loss);
+            self.progress.best_epoch = Some(epoch);
+            self.best = Some(self.model.clone());
+        }
+        self.reporter.epoch_end(&record, stage.epochs, improved);
+        let mut line = serde_json::to_string(&record).expect("record serialises");
+        line.push('\n');
+        append(&self.job.run.epochs_file(), line.as_bytes())?;
+        if let Some(h) = self.job.hooks {
+            h.on_epoch(&self.job.run, &record);
+        }
+        self.progress.history.push(record.clone());
+        self.progress.epoch += 1;
+        self.epochs_done_here += 1;
+        self.progress.steps_csv_len = std::fs::metadata(&self.steps_path)
+            .map_err(io_err(&self.steps_path))?
+            .len();
+        Ok(record)
+    }
+
+    /// Write the resumable snapshot after an epoch. At the end of a stage the stage's best
+    /// epoch is restored first and the counters move to the next stage (no optimizer state:
+    /// the next stage builds its own).
+    fn snapshot(&mut self, optim: &StageOptimizer<B>, stage_done: bool) -> Result<(), TrainError> {
+        let snap_dir = self.job.run.state_dir();
+        if stage_done {
+            if let Some(b) = self.best.take() {
+                self.model = b;
+            }
+            let p = &mut self.progress;
+            p.stage += 1;
+            p.epoch = 0;
+            p.stage_step = 0;
+            p.best_val = None;
+            p.best_epoch = None;
+            let model_bytes = state::encode::<B, _>(self.model.clone().into_record(), &snap_dir)?;
+            state::save(
+                &snap_dir,
+                Snapshot {
+                    progress: &self.progress,
+                    model: model_bytes,
+                    best: None,
+                    optim: None,
+                },
+            )?;
+        } else {
+            let model_bytes = state::encode::<B, _>(self.model.clone().into_record(), &snap_dir)?;
+            let best_bytes = match &self.best {
+                Some(b) => Some(state::encode::<B, _>(b.clone().into_record(), &snap_dir)?),
+                None => None,
+            };
+            let optim_bytes = state::encode::<B, _>(optim.to_record(), &snap_dir)?;
+            state::save(
+                &snap_dir,
+                Snapshot {
+                    progress: &self.progress,
+                    model: model_bytes,
+                    best: best_bytes,
+                    optim: Some(optim_bytes),
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Stop the loader and write the profiler's last recording (if one is open).
+    pub(crate) fn close_instruments(&mut self) -> Result<(), TrainError> {
+        if let Some(p) = self.profiler.as_mut()
+            && let Some(out) = p.finish()?
+        {
+            self.reporter.line(&format!(
+                "profiler: {} steps recorded → {} and {}",
+                out.averages.steps,
+                out.trace.display(),
+                out.table_txt.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The epochs this process ran (a resumed run's verdict covers only its own epochs).
+    pub(crate) fn epochs_here(&self) -> &[EpochRecord] {
+        let h = &self.progress.history;
+        &h[self.first_epoch_here.min(h.len())..]
+    }
+}
+
+/// Line the run's logs up with the state being resumed (or start them): `steps.csv` is
+/// truncated to the snapshot's length, and `epochs.jsonl` is rewritten from the snapshot's
+/// history, so a run killed between an epoch's log line and its snapshot has no duplicate rows
+/// after `--resume`. Returns the steps file and a buffered appender on it.
+fn open_logs(
+    steps_path: PathBuf,
+    epochs_path: &Path,
+    progress: &Progress,
+) -> Result<(PathBuf, std::io::BufWriter<std::fs::File>), TrainError> {
+    {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&steps_path)
+            .map_err(io_err(&steps_path))?;
+        f.set_len(progress.steps_csv_len)
+            .map_err(io_err(&steps_path))?;
+    }
+    let mut steps_out = std::io::BufWriter::new(
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&steps_path)
+            .map_err(io_err(&steps_path))?,
+    );
+    if progress.steps_csv_len == 0 {
+        writeln!(
+            steps_out,
+            "stage,epoch,step,lr,loss,grad_norm,data_wait_us,compute_us"
+        )
+        .map_err(io_err(&steps_path))?;
+    }
+    if epochs_path.exists() || !progress.history.is_empty() {
+        let mut text = String::new();
+        for r in &progress.history {
+            text.push_str(&serde_json::to_string(r).expect("record serialises"));
+            text.push('\n');
+        }
+        crate::util::write_atomic(epochs_path, text.as_bytes())?;
+    }
+    Ok((steps_path, steps_out))
+}
+
+/// The loader's epoch label: distinct for every (stage, epoch).
+fn epoch_label(stage: usize, epoch: usize) -> u64 {
+    ((stage as u64) << 32) | epoch as u64
+}
+
+fn append(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    f.write_all(bytes).map_err(io_err(path))
+}

@@ -1,0 +1,175 @@
+//! One stage's pieces: which parts train (freezing), the stage's fresh AdamW, and its loss.
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::AdamWConfig;
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+
+use crate::config::{Loss, Part, StageConfig};
+use crate::model::{RegressionNet, RegressionOutput};
+
+/// Sets `require_grad` on every parameter it maps.
+struct RequireGrad(bool);
+
+impl<B: Backend> ModuleMapper<B> for RequireGrad {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        param.set_require_grad(self.0)
+    }
+}
+
+/// Collects parameter ids.
+#[derive(Default)]
+struct Ids(Vec<ParamId>);
+
+impl<B: Backend> ModuleVisitor<B> for Ids {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0.push(param.id);
+    }
+}
+
+/// Freeze every part not in `parts` and unfreeze those in it.
+pub fn set_trainable<B: AutodiffBackend>(
+    mut m: RegressionNet<B>,
+    parts: &[Part],
+) -> RegressionNet<B> {
+    let on = |p: Part| parts.contains(&p);
+    m.backbone = m.backbone.map(&mut RequireGrad(on(Part::Backbone)));
+    m.mean_head = m.mean_head.map(&mut RequireGrad(on(Part::MeanHead)));
+    m.logvar_head = m.logvar_head.map(&mut RequireGrad(on(Part::LogvarHead)));
+    m
+}
+
+/// The parameter ids of the given parts.
+pub fn part_param_ids<B: Backend>(m: &RegressionNet<B>, parts: &[Part]) -> Vec<ParamId> {
+    let mut ids = Ids::default();
+    for p in parts {
+        match p {
+            Part::Backbone => m.backbone.visit(&mut ids),
+            Part::MeanHead => m.mean_head.visit(&mut ids),
+            Part::LogvarHead => m.logvar_head.visit(&mut ids),
+        }
+    }
+    ids.0
+}
+
+/// AdamW with the stage's hyper-parameters (decoupled weight decay).
+pub fn adamw(stage: &StageConfig) -> AdamWConfig {
+    let o = &stage.optimizer;
+    AdamWConfig::new()
+        .with_beta_1(o.beta1 as f32)
+        .with_beta_2(o.beta2 as f32)
+        .with_epsilon(o.eps as f32)
+        .with_weight_decay(o.weight_decay as f32)
+}
+
+/// The stage's loss on a batch (normalised units).
+pub fn stage_loss<B: Backend>(
+    loss: Loss,
+    mean_trainable: bool,
+    out: RegressionOutput<B>,
+    y: Tensor<B, 2>,
+) -> Tensor<B, 1> {
+    match loss {
+        Loss::Mse => (out.mean - y).powi_scalar(2).mean(),
+        Loss::GaussianNll => {
+            let mean = if mean_trainable {
+                out.mean
+            } else {
+                out.mean.detach()
+            };
+            let lv = out.log_var;
+            (lv.clone() + (y - mean).powi_scalar(2) * lv.neg().exp())
+                .mul_scalar(0.5)
+                .mean()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{OptimizerConfig, ScheduleConfig};
+    use crate::model::RegressionNetConfig;
+    use burn::backend::{Autodiff, Flex};
+    use burn::nn::Linear;
+    use burn::optim::{GradientsParams, Optimizer};
+    use burn::tensor::TensorData;
+
+    type B = Autodiff<Flex>;
+
+    fn stage(lr: f64, wd: f64) -> StageConfig {
+        StageConfig {
+            name: "s".into(),
+            trainable: vec![Part::Backbone, Part::MeanHead],
+            loss: Loss::Mse,
+            epochs: 1,
+            optimizer: OptimizerConfig {
+                lr,
+                weight_decay: wd,
+                ..OptimizerConfig::default()
+            },
+            schedule: ScheduleConfig::Constant,
+            clip_norm: None,
+        }
+    }
+
+    /// Two AdamW steps on loss = Σ c ⊙ w (constant gradient c) against the closed form:
+    /// m_t = (1−β1^t)c, v_t = (1−β2^t)c², m̂ = c, v̂ = c², so each step is
+    /// w ← w(1 − lr·wd) − lr·c/(|c| + eps).
+    #[test]
+    fn adamw_steps_match_the_closed_form() {
+        let d = Default::default();
+        let (lr, wd, eps) = (0.1f64, 0.01f64, 1e-8f64);
+        let w0 = [0.5f32, -1.5, 2.0];
+        let c = [0.3f32, -2.0, 1e-3];
+        let mut lin: Linear<B> =
+            crate::model::regression::linear_from(w0.to_vec(), vec![0.0], 3, 1, &d);
+        let st = stage(lr, wd);
+        let mut optim = adamw(&st).init::<B, Linear<B>>();
+        let mut expect: Vec<f64> = w0.iter().map(|&v| v as f64).collect();
+        for _ in 0..2 {
+            let ct = Tensor::<B, 2>::from_data(TensorData::new(c.to_vec(), [3, 1]), &d);
+            let loss = (lin.weight.val() * ct).sum();
+            let grads = GradientsParams::from_params(&mut loss.backward(), &lin, &[lin.weight.id]);
+            lin = optim.step(lr, lin, grads);
+            for (e, &g) in expect.iter_mut().zip(&c) {
+                let g = g as f64;
+                *e = *e * (1.0 - lr * wd) - lr * g / (g.abs() + eps);
+            }
+        }
+        let got: Vec<f32> = lin.weight.val().into_data().to_vec().unwrap();
+        for (g, e) in got.iter().zip(&expect) {
+            assert!((*g as f64 - e).abs() < 1e-6, "{got:?} vs {expect:?}");
+        }
+        // The bias had no gradient (not in the id list): untouched, no weight decay.
+        let b: Vec<f32> = lin
+            .bias
+            .as_ref()
+            .unwrap()
+            .val()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        assert_eq!(b, vec![0.0]);
+    }
+
+    #[test]
+    fn freezing_removes_gradients_from_frozen_parts() {
+        let d = Default::default();
+        let arch = RegressionNetConfig::reference();
+        let m = set_trainable(arch.init::<B>(1, &d), &[Part::LogvarHead]);
+        let out = m.forward(Tensor::ones([4, 20], &d));
+        let y = Tensor::zeros([4, 3], &d);
+        let loss = stage_loss(Loss::GaussianNll, false, out, y);
+        let mut g = loss.backward();
+        let all = part_param_ids(&m, &[Part::Backbone, Part::MeanHead, Part::LogvarHead]);
+        let grads = GradientsParams::from_params(&mut g, &m, &all);
+        assert_eq!(
+            grads.len(),
+            2,
+            "only the log-variance head's weight and bias get gradients"
+        );
+        assert_eq!(part_param_ids(&m, &[Part::LogvarHead]).len(), 2);
+        assert_eq!(part_param_ids(&m, &[Part::Backbone]).len(), 4);
+    }
+}
