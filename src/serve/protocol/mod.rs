@@ -1,0 +1,186 @@
+//! Open Inference Protocol v2 (KServe / Triton REST) request parsing and response encoding,
+//! with Triton's binary tensor data extension.
+//!
+//! A request body is JSON, optionally followed by raw little-endian tensor bytes: the
+//! `Inference-Header-Content-Length` header says how many leading bytes are JSON, and each
+//! input with `parameters.binary_data_size = n` takes the next `n` bytes in input order.
+//! A response carries each output either as JSON `data` or, when the request asked for it
+//! (`parameters.binary_data` per output, or `parameters.binary_data_output` for all), as raw
+//! bytes after the JSON with `parameters.binary_data_size` set and the same header.
+//!
+//! This layer knows tensors, not models: [`InferRequest`] holds validated names, datatypes,
+//! shapes and undecoded data; the model layer ([`super::model`]) checks them against its
+//! inputs and decodes them with the typed accessors of [`InputTensor`].
+//!
+//! * [`request`] — the server parses a request body into an [`InferRequest`];
+//! * [`tensor`] — a request's input tensors and their typed decoders;
+//! * [`response`] — the server selects and encodes the outputs;
+//! * [`client`] — the other side: encoding requests and decoding responses, for the HTTP
+//!   client, the load generator and the tests.
+//!
+//! This file holds what every side shares: the datatypes, the output tensors and the
+//! protocol error.
+
+use std::fmt;
+
+pub mod client;
+pub mod request;
+pub mod response;
+pub mod tensor;
+
+pub use client::{
+    DecodeError, DecodedOutput, EncodedRequest, RequestData, RequestTensor, decode_response,
+    encode_request,
+};
+pub use request::{InferRequest, RequestedOutput};
+pub use response::{EncodedResponse, encode_response, select_outputs};
+pub use tensor::{InputData, InputTensor, JsonData};
+
+/// The header that gives the length of the JSON part of a binary request or response.
+pub const HEADER_LENGTH: &str = "inference-header-content-length";
+
+/// A request that cannot be served as sent (HTTP 400), with a message naming the problem.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct ProtocolError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ProtocolError> {
+    Err(ProtocolError(msg.into()))
+}
+
+/// A tensor element type of the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Datatype {
+    /// 1-byte boolean.
+    Bool,
+    /// Unsigned integers.
+    U8,
+    /// Unsigned integers.
+    U16,
+    /// Unsigned integers.
+    U32,
+    /// Unsigned integers.
+    U64,
+    /// Signed integers.
+    I8,
+    /// Signed integers.
+    I16,
+    /// Signed integers.
+    I32,
+    /// Signed integers.
+    I64,
+    /// Half precision.
+    Fp16,
+    /// Single precision.
+    Fp32,
+    /// Double precision.
+    Fp64,
+    /// Byte strings.
+    Bytes,
+}
+
+impl Datatype {
+    /// Every datatype with its protocol name.
+    pub const ALL: [(Datatype, &'static str); 13] = [
+        (Datatype::Bool, "BOOL"),
+        (Datatype::U8, "UINT8"),
+        (Datatype::U16, "UINT16"),
+        (Datatype::U32, "UINT32"),
+        (Datatype::U64, "UINT64"),
+        (Datatype::I8, "INT8"),
+        (Datatype::I16, "INT16"),
+        (Datatype::I32, "INT32"),
+        (Datatype::I64, "INT64"),
+        (Datatype::Fp16, "FP16"),
+        (Datatype::Fp32, "FP32"),
+        (Datatype::Fp64, "FP64"),
+        (Datatype::Bytes, "BYTES"),
+    ];
+
+    /// The protocol name (`FP32`, …).
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(d, _)| *d == self)
+            .map(|(_, n)| *n)
+            .expect("every datatype is listed")
+    }
+
+    /// Parse a protocol name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.iter().find(|(_, n)| *n == s).map(|(d, _)| *d)
+    }
+
+    /// Bytes per element in the binary encoding (`None` for BYTES, which is length-prefixed).
+    pub fn size(self) -> Option<usize> {
+        Some(match self {
+            Datatype::Bool | Datatype::U8 | Datatype::I8 => 1,
+            Datatype::U16 | Datatype::I16 | Datatype::Fp16 => 2,
+            Datatype::U32 | Datatype::I32 | Datatype::Fp32 => 4,
+            Datatype::U64 | Datatype::I64 | Datatype::Fp64 => 8,
+            Datatype::Bytes => return None,
+        })
+    }
+
+    /// The Triton model-configuration name (`TYPE_FP32`, …).
+    pub fn config_name(self) -> String {
+        match self {
+            Datatype::Bytes => "TYPE_STRING".into(),
+            other => format!("TYPE_{}", other.name()),
+        }
+    }
+}
+
+impl fmt::Display for Datatype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Output tensor data.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputData {
+    /// FP32 values.
+    F32(Vec<f32>),
+    /// FP64 values.
+    F64(Vec<f64>),
+}
+
+impl OutputData {
+    /// The datatype.
+    pub fn datatype(&self) -> Datatype {
+        match self {
+            OutputData::F32(_) => Datatype::Fp32,
+            OutputData::F64(_) => Datatype::Fp64,
+        }
+    }
+
+    fn to_le_bytes(&self, out: &mut Vec<u8>) {
+        match self {
+            OutputData::F32(v) => v
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            OutputData::F64(v) => v
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        }
+    }
+
+    fn byte_len(&self) -> usize {
+        match self {
+            OutputData::F32(v) => v.len() * 4,
+            OutputData::F64(v) => v.len() * 8,
+        }
+    }
+}
+
+/// One output tensor of a response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputTensor {
+    /// Its name.
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Its data.
+    pub data: OutputData,
+}

@@ -1,0 +1,329 @@
+//! The server's side of a request: parse the body (JSON, optionally followed by binary
+//! tensor data) into an [`InferRequest`] of validated inputs and requested outputs.
+
+use axum::body::Bytes;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::tensor::{InputData, InputTensor, JsonData};
+use super::{Datatype, ProtocolError, err};
+
+#[derive(Deserialize)]
+struct RawRequest {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    inputs: Vec<RawInput>,
+    #[serde(default)]
+    outputs: Option<Vec<RawOutput>>,
+}
+
+#[derive(Deserialize)]
+struct RawInput {
+    name: String,
+    shape: Vec<i64>,
+    datatype: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    #[serde(default)]
+    data: Option<JsonData>,
+}
+
+#[derive(Deserialize)]
+struct RawOutput {
+    name: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+}
+
+/// One requested output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestedOutput {
+    /// Its name.
+    pub name: String,
+    /// `parameters.binary_data`, when given.
+    pub binary: Option<bool>,
+}
+
+/// A parsed inference request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferRequest {
+    /// The request id, echoed in the response.
+    pub id: Option<String>,
+    /// The inputs in request order.
+    pub inputs: Vec<InputTensor>,
+    /// The outputs asked for (`None`: all).
+    pub outputs: Option<Vec<RequestedOutput>>,
+    /// `parameters.binary_data_output`: every output as binary unless it says otherwise.
+    pub binary_data_output: bool,
+}
+
+fn param_bool(
+    p: &Option<Map<String, Value>>,
+    key: &str,
+    what: &str,
+) -> Result<Option<bool>, ProtocolError> {
+    match p.as_ref().and_then(|m| m.get(key)) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => err(format!(
+            "{what} parameter `{key}` is {other}; expected true or false"
+        )),
+    }
+}
+
+fn json_error_message(e: &serde_json::Error, json: &[u8]) -> String {
+    let what = if e.is_eof() {
+        "the JSON ends early"
+    } else if e.is_syntax() {
+        "malformed JSON"
+    } else {
+        "invalid inference request"
+    };
+    let mut msg = format!("{what} at line {} column {}: {e}", e.line(), e.column());
+    if json.is_empty() {
+        msg = "empty request body; expected an inference request in JSON".into();
+    }
+    msg
+}
+
+impl InferRequest {
+    /// Parse a request body. `header_length` is the `Inference-Header-Content-Length` value
+    /// (`None`: the whole body is JSON).
+    pub fn parse(body: Bytes, header_length: Option<&str>) -> Result<Self, ProtocolError> {
+        let json_len = match header_length {
+            None => body.len(),
+            Some(h) => {
+                let n: usize = h.trim().parse().map_err(|_| {
+                    ProtocolError(format!(
+                        "header Inference-Header-Content-Length is `{h}`; expected a byte count"
+                    ))
+                })?;
+                if n > body.len() {
+                    return err(format!(
+                        "header Inference-Header-Content-Length is {n} but the body has only {} bytes",
+                        body.len()
+                    ));
+                }
+                n
+            }
+        };
+        let json = body.slice(..json_len);
+        let raw: RawRequest = serde_json::from_slice(&json)
+            .map_err(|e| ProtocolError(json_error_message(&e, &json)))?;
+        let id = match raw.id {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s),
+            Some(other) => return err(format!("request `id` is {other}; expected a string")),
+        };
+        let binary_data_output =
+            param_bool(&raw.parameters, "binary_data_output", "request")?.unwrap_or(false);
+        if raw.inputs.is_empty() {
+            return err("request has no inputs");
+        }
+        let mut offset = json_len;
+        let mut inputs = Vec::with_capacity(raw.inputs.len());
+        for input in raw.inputs {
+            let name = input.name;
+            if inputs.iter().any(|i: &InputTensor| i.name == name) {
+                return err(format!("input `{name}` is given more than once"));
+            }
+            let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
+                ProtocolError(format!(
+                    "input `{name}` has unknown datatype `{}`; expected one of {}",
+                    input.datatype,
+                    Datatype::ALL.map(|(_, n)| n).join(", ")
+                ))
+            })?;
+            let mut shape = Vec::with_capacity(input.shape.len());
+            for &d in &input.shape {
+                if d < 0 {
+                    return err(format!(
+                        "input `{name}` has shape {:?}; dimensions must be >= 0 in a request",
+                        input.shape
+                    ));
+                }
+                shape.push(d as usize);
+            }
+            let count = shape
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .ok_or_else(|| {
+                    ProtocolError(format!("input `{name}` shape {shape:?} is too large"))
+                })?;
+            let binary_size = match input
+                .parameters
+                .as_ref()
+                .and_then(|p| p.get("binary_data_size"))
+            {
+                None => None,
+                Some(v) => Some(v.as_u64().ok_or_else(|| {
+                    ProtocolError(format!(
+                        "input `{name}` parameter binary_data_size is {v}; expected a byte count"
+                    ))
+                })? as usize),
+            };
+            let data = match (input.data, binary_size) {
+                (Some(_), Some(_)) => {
+                    return err(format!(
+                        "input `{name}` has both JSON `data` and binary_data_size; send one"
+                    ));
+                }
+                (None, None) => {
+                    return err(format!(
+                        "input `{name}` has no data: expected a `data` array or parameters.binary_data_size"
+                    ));
+                }
+                (Some(d), None) => {
+                    if d.values.len() != count {
+                        return err(format!(
+                            "input `{name}` has {} data elements but shape {shape:?} needs {count}",
+                            d.values.len()
+                        ));
+                    }
+                    InputData::Json(d)
+                }
+                (None, Some(n)) => {
+                    if datatype == Datatype::Bytes {
+                        return err(format!("input `{name}`: BYTES tensors are not supported"));
+                    }
+                    let size = datatype.size().expect("fixed-size datatype");
+                    if n != count * size {
+                        return err(format!(
+                            "input `{name}` has binary_data_size {n} but shape {shape:?} of {datatype} needs {} bytes",
+                            count * size
+                        ));
+                    }
+                    if offset + n > body.len() {
+                        return err(format!(
+                            "input `{name}` needs {n} bytes of binary data at offset {offset}, but the body has {} bytes (is the Inference-Header-Content-Length header set?)",
+                            body.len()
+                        ));
+                    }
+                    let b = body.slice(offset..offset + n);
+                    offset += n;
+                    InputData::Binary(b)
+                }
+            };
+            inputs.push(InputTensor {
+                name,
+                datatype,
+                shape,
+                data,
+            });
+        }
+        if offset != body.len() {
+            return err(format!(
+                "the body has {} bytes after the JSON that no input's binary_data_size accounts for",
+                body.len() - offset
+            ));
+        }
+        let outputs = match raw.outputs {
+            None => None,
+            Some(outs) => {
+                let mut v: Vec<RequestedOutput> = Vec::with_capacity(outs.len());
+                for o in outs {
+                    if v.iter().any(|x| x.name == o.name) {
+                        return err(format!("output `{}` is requested more than once", o.name));
+                    }
+                    if o.parameters
+                        .as_ref()
+                        .is_some_and(|p| p.contains_key("classification"))
+                    {
+                        return err(format!(
+                            "output `{}`: the classification extension is not supported",
+                            o.name
+                        ));
+                    }
+                    let binary = param_bool(
+                        &o.parameters,
+                        "binary_data",
+                        &format!("output `{}`", o.name),
+                    )?;
+                    v.push(RequestedOutput {
+                        name: o.name,
+                        binary,
+                    });
+                }
+                Some(v)
+            }
+        };
+        Ok(Self {
+            id,
+            inputs,
+            outputs,
+            binary_data_output,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<InferRequest, ProtocolError> {
+        InferRequest::parse(Bytes::from(s.to_string()), None)
+    }
+
+    #[test]
+    fn flat_and_nested_json_parse_the_same() {
+        let flat = parse(r#"{"id":"a","inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[1,2,3.5,4]}]}"#).unwrap();
+        let nested = parse(r#"{"id":"a","inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],[3.5,4]]}]}"#).unwrap();
+        assert_eq!(flat, nested);
+        assert_eq!(flat.inputs[0].to_f32().unwrap(), vec![1.0, 2.0, 3.5, 4.0]);
+        assert_eq!(flat.id.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn binary_inputs_are_cut_from_the_body_in_order() {
+        let json = r#"{"inputs":[{"name":"a","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}},{"name":"b","shape":[1],"datatype":"INT32","parameters":{"binary_data_size":4}}]}"#;
+        let mut body = json.as_bytes().to_vec();
+        body.extend(1.5f32.to_le_bytes());
+        body.extend((-2.0f32).to_le_bytes());
+        body.extend(7i32.to_le_bytes());
+        let r = InferRequest::parse(Bytes::from(body), Some(&json.len().to_string())).unwrap();
+        assert_eq!(r.inputs[0].to_f32().unwrap(), vec![1.5, -2.0]);
+        assert_eq!(r.inputs[1].to_i32().unwrap(), vec![7]);
+    }
+
+    #[test]
+    fn bad_requests_name_the_problem() {
+        let cases = [
+            (r#"{"inputs": [}"#, "malformed JSON"),
+            (
+                r#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]}"#,
+                "has 2 data elements but shape [3] needs 3",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP99","data":[1]}]}"#,
+                "unknown datatype `FP99`",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[1]}]}"#,
+                "dimensions must be >= 0",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32"}]}"#,
+                "has no data",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":["a"]}]}"#,
+                "string elements",
+            ),
+            (r#"{"inputs":[]}"#, "no inputs"),
+            (
+                r#"{"id":3,"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#,
+                "expected a string",
+            ),
+        ];
+        for (body, want) in cases {
+            let e = parse(body).unwrap_err();
+            assert!(e.0.contains(want), "{body}: {e}");
+        }
+        let big = parse(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1e39]}]}"#)
+            .unwrap();
+        let e = big.inputs[0].to_f32().unwrap_err();
+        assert!(e.0.contains("inf after conversion to FP32"), "{e}");
+    }
+}
