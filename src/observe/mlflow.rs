@@ -396,19 +396,25 @@ fn parse_base(uri: &str) -> Result<String, MlflowError> {
     if uri.contains('#') {
         return Err(bad("a fragment (`#…`) is not allowed".into()));
     }
-    let parsed: http::Uri = uri
-        .trim()
-        .parse()
-        .map_err(|e| bad(format!("not a valid URI ({e})")))?;
-    let scheme = parsed
-        .scheme_str()
-        .ok_or_else(|| bad("no scheme".into()))?
-        .to_ascii_lowercase();
+    let uri_text = uri.trim();
+    let scheme = match uri_text.split_once(':') {
+        Some((s, _))
+            if s.starts_with(|c: char| c.is_ascii_alphabetic())
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+        {
+            s.to_ascii_lowercase()
+        }
+        _ => return Err(bad("no scheme".into())),
+    };
     if scheme != "http" && scheme != "https" {
         return Err(bad(format!(
             "kiln's mirror speaks only HTTP(S) to a tracking server, not {scheme:?}"
         )));
     }
+    let parsed: http::Uri = uri_text
+        .parse()
+        .map_err(|e| bad(format!("not a valid URI ({e})")))?;
     let authority = parsed.authority().ok_or_else(|| bad("no host".into()))?;
     if authority.as_str().contains('@') {
         return Err(bad(format!(
@@ -419,8 +425,14 @@ fn parse_base(uri: &str) -> Result<String, MlflowError> {
     if authority.host().is_empty() {
         return Err(bad("no host".into()));
     }
-    if authority.port().is_some() && authority.port_u16().is_none() {
-        return Err(bad("the port is not a number from 0 to 65535".into()));
+    let text = authority.as_str();
+    let after_host = text.rfind(']').map_or(text, |i| &text[i + 1..]);
+    if let Some((_, port)) = after_host.rsplit_once(':')
+        && port.parse::<u16>().is_err()
+    {
+        return Err(bad(format!(
+            "the port {port:?} is not a number from 0 to 65535"
+        )));
     }
     if parsed.query().is_some() {
         return Err(bad("a query string (`?…`) is not allowed".into()));
