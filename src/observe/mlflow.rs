@@ -1051,10 +1051,8 @@ mod tests {
         let log: Log = Arc::default();
         let (l2, handler): (Log, Handler) = (Arc::clone(&log), Arc::new(handler));
         std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                if let Ok(mut s) = stream {
-                    exchange(&mut s, &l2, &handler);
-                }
+            for mut s in listener.incoming().flatten() {
+                exchange(&mut s, &l2, &handler);
             }
         });
         log
