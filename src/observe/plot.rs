@@ -20,13 +20,13 @@
 //! ```
 
 use plotters::coord::Shift;
-use plotters::prelude::{
-    BitMapBackend, ChartBuilder, Circle, DashedLineSeries, DrawingArea, DrawingAreaErrorKind,
-    DrawingBackend, IntoDrawingArea, IntoFont, PathElement, RGBColor, Ranged,
-    Rectangle, SVGBackend, SeriesLabelPosition, Text, TextStyle,
-};
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::coord::types::RangedCoordf64;
+use plotters::prelude::{
+    BitMapBackend, ChartBuilder, Circle, DashedLineSeries, DrawingArea, DrawingAreaErrorKind,
+    DrawingBackend, IntoDrawingArea, IntoFont, PathElement, RGBColor, Ranged, Rectangle,
+    SVGBackend, SeriesLabelPosition, Text, TextStyle,
+};
 use plotters::style::{Color as _, FontStyle, register_font};
 use std::io::{Error, ErrorKind, Write};
 use std::path::{Path, PathBuf};
@@ -662,7 +662,10 @@ impl Metrics {
     fn new((w, h): (u32, u32)) -> Self {
         let s = if w >= 1400 && h >= 800 { 2.0 } else { 1.0 };
         let body = text_style(13.0 * s, TEXT);
-        let th = body.font.box_size("0Ag").map_or(13.0 * s, |(_, h)| h as f64);
+        let th = body
+            .font
+            .box_size("0Ag")
+            .map_or(13.0 * s, |(_, h)| h as f64);
         Metrics {
             s,
             title: text_style(17.0 * s, TEXT),
@@ -805,7 +808,11 @@ impl Figure {
         let x_area = |i: usize| match show_x[i] {
             false => 0.0,
             true => {
-                let desc = if panels[i].x_label.is_empty() { 0.0 } else { m.th + 4.0 * m.s };
+                let desc = if panels[i].x_label.is_empty() {
+                    0.0
+                } else {
+                    m.th + 4.0 * m.s
+                };
                 (m.th + 12.0 * m.s + desc).ceil()
             }
         };
@@ -958,7 +965,12 @@ fn draw_panel<DB: DrawingBackend>(
         py: (py.end - 1, py.start),
         x_labels: l.show_x,
     };
-    let (x0, x1, y0, y1) = (px.start as f64, (px.end - 1) as f64, py.start as f64, (py.end - 1) as f64);
+    let (x0, x1, y0, y1) = (
+        px.start as f64,
+        (px.end - 1) as f64,
+        py.start as f64,
+        (py.end - 1) as f64,
+    );
     // Grid, ticks, tick labels and axis descriptions.
     let x_fmt = |v: &f64| label_at(&l.x_ticks, *v);
     let y_fmt = |v: &f64| label_at(&l.y_ticks, *v);
@@ -999,7 +1011,9 @@ fn draw_panel<DB: DrawingBackend>(
         let line = [(t, yr.0), (t, yr.1)];
         let (dl, gap) = ((5.0 * m.s) as i32, (4.0 * m.s) as i32);
         chart.draw_series(DashedLineSeries::new(line, dl, gap, dash))?;
-        let x = placed.pixel((if p.log_x { 10f64.powf(t) } else { t }, yr.1)).0;
+        let x = placed
+            .pixel((if p.log_x { 10f64.powf(t) } else { t }, yr.1))
+            .0;
         let (room_r, room_l) = (x1 - x - 5.0, x - x0 - 5.0);
         let right = text_width(label, &m.marker) <= room_r || room_r >= room_l;
         let text = truncate(label, if right { room_r } else { room_l }, &m.marker);
@@ -1025,8 +1039,16 @@ fn draw_panel<DB: DrawingBackend>(
     let mut named = Vec::new();
     for s in &p.series {
         let color = rgb(s.color);
-        let width = if s.width.is_finite() { s.width.round().clamp(1.0, 32.0) } else { 1.0 } as u32;
-        let radius = if s.radius.is_finite() { s.radius.round().clamp(0.0, 64.0) } else { 0.0 } as u32;
+        let width = if s.width.is_finite() {
+            s.width.round().clamp(1.0, 32.0)
+        } else {
+            1.0
+        } as u32;
+        let radius = if s.radius.is_finite() {
+            s.radius.round().clamp(0.0, 64.0)
+        } else {
+            0.0
+        } as u32;
         let on_axis = |(x, y): Pt| (to_axis(x, p.log_x), y);
         let anno = match s.kind {
             SeriesKind::Scatter => {
@@ -1035,7 +1057,9 @@ fn draw_panel<DB: DrawingBackend>(
                     .filter(|q| bounds.contains(*q, 0.0))
                     .collect();
                 drawn.points.extend(pts.iter().map(|q| to_px(*q)));
-                let dots = pts.into_iter().map(|q| Circle::new(q, radius, color.filled()));
+                let dots = pts
+                    .into_iter()
+                    .map(|q| Circle::new(q, radius, color.filled()));
                 let anno = chart.draw_series(dots)?;
                 let r = (radius as f64).min(legend_dot) as u32;
                 let c = (sw / 2.0) as i32;
@@ -1051,10 +1075,16 @@ fn draw_panel<DB: DrawingBackend>(
                     pts.first().copied().into_iter().chain(corners).collect()
                 };
                 let runs = clip_path(&path, &bounds);
-                drawn.points.extend(runs.iter().flatten().map(|q| to_px(*q)));
+                drawn
+                    .points
+                    .extend(runs.iter().flatten().map(|q| to_px(*q)));
                 let style = color.stroke_width(width);
-                let anno = chart.draw_series(runs.into_iter().map(|r| PathElement::new(r, style)))?;
-                let (len, lw) = (sw as i32, color.stroke_width(width.min(legend_dot as u32).max(1)));
+                let anno =
+                    chart.draw_series(runs.into_iter().map(|r| PathElement::new(r, style)))?;
+                let (len, lw) = (
+                    sw as i32,
+                    color.stroke_width(width.min(legend_dot as u32).max(1)),
+                );
                 anno.legend(move |(x, y)| PathElement::new(vec![(x, y), (x + len, y)], lw))
             }
         };
@@ -1066,7 +1096,10 @@ fn draw_panel<DB: DrawingBackend>(
     }
     // The legend, in whichever plot corner covers the fewest points and marker labels.
     let margin = 6.0 * m.s;
-    let legend_w = named.iter().map(|n| text_width(n, &m.body)).fold(0.0, f64::max);
+    let legend_w = named
+        .iter()
+        .map(|n| text_width(n, &m.body))
+        .fold(0.0, f64::max);
     let (bw, bh) = (
         legend_w + sw + 8.0 * m.s + 2.0 * margin,
         named.len() as f64 * m.th * 1.25 + 2.0 * margin,
@@ -1082,7 +1115,10 @@ fn draw_panel<DB: DrawingBackend>(
         ];
         let cost = |(x, y): (f64, f64)| {
             let b = (x, y, x + bw, y + bh);
-            let pts = drawn.points.iter().filter(|q| overlaps((q.0, q.1, q.0, q.1), b));
+            let pts = drawn
+                .points
+                .iter()
+                .filter(|q| overlaps((q.0, q.1, q.0, q.1), b));
             pts.count() + 1000 * drawn.labels.iter().filter(|o| overlaps(**o, b)).count()
         };
         let best = corners.into_iter().min_by_key(|c| cost((c.1, c.2)));

@@ -216,10 +216,12 @@ fn label_formatting() {
 fn colour_near(buf: &[u8], w: u32, (x, y): Pt, r: i64, c: Color) -> bool {
     let h = buf.len() as i64 / (3 * w as i64);
     let (x, y) = (x.round() as i64, y.round() as i64);
-    (-r..=r).flat_map(|dy| (-r..=r).map(move |dx| (x + dx, y + dy))).any(|(x, y)| {
-        let i = ((y * w as i64 + x) * 3) as usize;
-        x >= 0 && y >= 0 && x < w as i64 && y < h && Color(buf[i], buf[i + 1], buf[i + 2]) == c
-    })
+    (-r..=r)
+        .flat_map(|dy| (-r..=r).map(move |dx| (x + dx, y + dy)))
+        .any(|(x, y)| {
+            let i = ((y * w as i64 + x) * 3) as usize;
+            x >= 0 && y >= 0 && x < w as i64 && y < h && Color(buf[i], buf[i + 1], buf[i + 2]) == c
+        })
 }
 
 #[test]
@@ -307,19 +309,34 @@ fn png_decodes_to_size_and_series_are_drawn_in_their_colours() {
     }
     for (i, p) in series[0].points.iter().enumerate() {
         if i != 3 && i != 8 {
-            assert!(colour_near(&buf, w, l.pixel(*p), 0, Color::BLUE), "{i}: {p:?}");
+            assert!(
+                colour_near(&buf, w, l.pixel(*p), 0, Color::BLUE),
+                "{i}: {p:?}"
+            );
         }
     }
     // A line passes through its vertices; a step line through its corners.
     let fig = resource_trace();
     let (buf, placed) = fig.pixels().unwrap();
     let p = fig.panels[1].series[0].points[30];
-    assert!(colour_near(&buf, fig.width, placed[1].pixel(p), 1, Color::ORANGE));
+    assert!(colour_near(
+        &buf,
+        fig.width,
+        placed[1].pixel(p),
+        1,
+        Color::ORANGE
+    ));
     let fig = pareto();
     let (buf, placed) = fig.pixels().unwrap();
     let front = &fig.panels[0].series[1].points;
     let corner = (front[2].0, front[1].1);
-    assert!(colour_near(&buf, fig.width, placed[0].pixel(corner), 1, Color::GREEN));
+    assert!(colour_near(
+        &buf,
+        fig.width,
+        placed[0].pixel(corner),
+        1,
+        Color::GREEN
+    ));
 }
 
 #[test]
@@ -330,7 +347,10 @@ fn stacked_panels_share_the_x_axis() {
     let (a, b) = (&placed[0], &placed[1]);
     assert_eq!((a.xr, a.px), (b.xr, b.px));
     assert!(!a.x_labels && b.x_labels && a.py.0 < b.py.1, "{a:?} {b:?}");
-    assert!((a.py.0 - a.py.1 - (b.py.0 - b.py.1)).abs() <= 2, "{a:?} {b:?}");
+    assert!(
+        (a.py.0 - a.py.1 - (b.py.0 - b.py.1)).abs() <= 2,
+        "{a:?} {b:?}"
+    );
 }
 
 #[test]
