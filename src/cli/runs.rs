@@ -341,7 +341,7 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         html,
         "<h1>kiln runs report</h1><p>{} runs in {}; {} flagged as latency regressions (≥ 1.5× the median of runs within ±5 % of their size).</p>",
         rows.len(),
-        html_escape(&registry.display().to_string()),
+        kiln::util::escape_xml(&registry.display().to_string()),
         flagged.len()
     );
     for svg in [&lat_svg, &m_svg] {
@@ -362,8 +362,8 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
             html,
             "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             if f { " class=\"flag\"" } else { "" },
-            html_escape(&r.id),
-            html_escape(&r.status),
+            kiln::util::escape_xml(&r.id),
+            kiln::util::escape_xml(&r.status),
             r.param_count.map(|p| p.to_string()).unwrap_or_default(),
             short(r.val_metric, 5),
             short(r.latency_b1_p50_us, 2),
@@ -378,13 +378,6 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         println!("{}", p.display());
     }
     Ok(())
-}
-
-fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 /// Options of `kiln runs regressions`.

@@ -1,13 +1,14 @@
-//! Small, dependency-light plots rendered identically to SVG (hand-written XML) and PNG
-//! (an own rasteriser with an embedded 5×9 bitmap font, encoded by the `png` crate).
+//! Small plots drawn with the `plotters` crate, rendered identically to SVG and PNG.
 //!
 //! A [`Figure`] stacks [`Panel`]s vertically; a panel holds line, scatter and step
 //! [`Series`] plus labelled dashed vertical markers ([`VLine`]). Adjacent panels with the
 //! same x label, log flag and x range share one x axis (union range, tick labels only on
-//! the lowest). Ticks are "nice" (1/2/5 × 10^k) with compact labels (`1.2k`, `3.4M`).
-//! Non-finite points are skipped (a line breaks there), as are x ≤ 0 on a log axis and
-//! points or markers outside an explicit range; degenerate ranges are padded. Rendering
-//! never panics on user data.
+//! the lowest). Ticks are "nice" (1/2/5 × 10^k; decades on a log axis) with compact labels
+//! (`1.2k`, `3.4M`). Non-finite points are skipped (a line breaks there), as are x ≤ 0 on a
+//! log axis and points or markers outside an explicit range; degenerate ranges are padded.
+//! Text is set in DejaVu Sans, embedded from `assets/fonts/` and handed to plotters'
+//! `ab_glyph` renderer, so rendering needs no system fonts. Rendering never panics on user
+//! data; a figure too small for its panels comes out blank but for its title.
 //!
 //! ```no_run
 //! use kiln::observe::plot::{Color, Figure, Panel, Series};
@@ -18,26 +19,39 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
-mod font;
-mod raster;
-mod svg;
-
-use Anchor::{End, Middle, Start};
-use std::io::{Error, ErrorKind, Write};
+use plotters::coord::Shift;
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
+use plotters::coord::types::RangedCoordf64;
+use plotters::prelude::{
+    BitMapBackend, ChartBuilder, Circle, DashedLineSeries, DrawingArea, DrawingAreaErrorKind,
+    DrawingBackend, IntoDrawingArea, IntoFont, PathElement, RGBColor, Ranged, Rectangle,
+    SVGBackend, SeriesLabelPosition, Text, TextStyle,
+};
+use plotters::style::{Color as _, FontStyle, register_font};
+use std::io::{Error, ErrorKind};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// An sRGB colour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Color(pub u8, pub u8, pub u8);
 
 impl Color {
+    /// Black.
     pub const BLACK: Color = Color(0, 0, 0);
+    /// White (the background).
     pub const WHITE: Color = Color(255, 255, 255);
+    /// Blue (matplotlib's first cycle colour).
     pub const BLUE: Color = Color(31, 119, 180);
+    /// Red.
     pub const RED: Color = Color(214, 39, 40);
+    /// Green.
     pub const GREEN: Color = Color(44, 160, 44);
+    /// Orange.
     pub const ORANGE: Color = Color(255, 127, 14);
+    /// Purple.
     pub const PURPLE: Color = Color(148, 103, 189);
+    /// Mid gray.
     pub const GRAY: Color = Color(127, 127, 127);
 }
 
@@ -50,21 +64,34 @@ const GRID: Color = Color(232, 232, 232);
 const MARKER: Color = Color(90, 90, 90);
 const LEGEND_EDGE: Color = Color(170, 170, 170);
 
+/// The family name the embedded font is registered under; SVG viewers fall back to their
+/// own sans-serif font.
+const FAMILY: &str = "sans-serif";
+/// DejaVu Sans (Bitstream Vera licence; see assets/fonts/).
+static DEJAVU_SANS: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+
 /// How a series is drawn. `Step` draws stairs (horizontal, then vertical) through the
 /// points sorted by x, as for a Pareto front.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SeriesKind {
+    /// Straight segments joining the points in order.
     Line,
+    /// A filled circle per point.
     Scatter,
+    /// Stairs through the points sorted by x.
     Step,
 }
 
+/// One data series of a panel.
 #[derive(Clone, Debug)]
 pub struct Series {
     /// Legend entry; an empty name keeps the series out of the legend.
     pub name: String,
+    /// How the points are drawn.
     pub kind: SeriesKind,
+    /// Stroke or fill colour.
     pub color: Color,
+    /// The (x, y) data points.
     pub points: Vec<(f64, f64)>,
     /// Scatter point radius in pixels (default 3).
     pub radius: f64,
@@ -73,6 +100,7 @@ pub struct Series {
 }
 
 impl Series {
+    /// A series of the given kind with the default radius and width.
     pub fn new(
         name: impl Into<String>,
         kind: SeriesKind,
@@ -89,18 +117,23 @@ impl Series {
             width: 2.0,
         }
     }
+    /// A [`SeriesKind::Line`] series.
     pub fn line(name: impl Into<String>, color: Color, points: Vec<(f64, f64)>) -> Self {
         Self::new(name, SeriesKind::Line, color, points)
     }
+    /// A [`SeriesKind::Scatter`] series.
     pub fn scatter(name: impl Into<String>, color: Color, points: Vec<(f64, f64)>) -> Self {
         Self::new(name, SeriesKind::Scatter, color, points)
     }
+    /// A [`SeriesKind::Step`] series.
     pub fn step(name: impl Into<String>, color: Color, points: Vec<(f64, f64)>) -> Self {
         Self::new(name, SeriesKind::Step, color, points)
     }
+    /// Sets the scatter point radius in pixels.
     pub fn radius(self, radius: f64) -> Self {
         Series { radius, ..self }
     }
+    /// Sets the line width in pixels.
     pub fn width(self, width: f64) -> Self {
         Series { width, ..self }
     }
@@ -109,24 +142,35 @@ impl Series {
 /// A labelled, dashed vertical marker (e.g. a stage boundary).
 #[derive(Clone, Debug)]
 pub struct VLine {
+    /// Where the marker stands, in data units.
     pub x: f64,
+    /// Text written beside the marker's top.
     pub label: String,
 }
 
+/// One plot area with its axes, series, markers and legend.
 #[derive(Clone, Debug, Default)]
 pub struct Panel {
+    /// Caption above the plot area (may be empty).
     pub title: String,
+    /// X axis description.
     pub x_label: String,
+    /// Y axis description.
     pub y_label: String,
+    /// The data, drawn in order (later series on top).
     pub series: Vec<Series>,
+    /// Vertical markers.
     pub vlines: Vec<VLine>,
+    /// Logarithmic (base 10) x axis; points with x ≤ 0 are skipped.
     pub log_x: bool,
-    /// Fixed axis ranges; `None` fits the data (and markers) with 5% padding.
+    /// Fixed x range; `None` fits the data (and markers) with 5% padding.
     pub x_range: Option<(f64, f64)>,
+    /// Fixed y range; `None` fits the data with 5% padding.
     pub y_range: Option<(f64, f64)>,
 }
 
 impl Panel {
+    /// An empty panel with a caption and axis descriptions.
     pub fn new(
         title: impl Into<String>,
         x_label: impl Into<String>,
@@ -140,10 +184,12 @@ impl Panel {
             ..Default::default()
         }
     }
+    /// Adds a series.
     pub fn series(mut self, s: Series) -> Self {
         self.series.push(s);
         self
     }
+    /// Adds a labelled vertical marker at `x`.
     pub fn vline(mut self, x: f64, label: impl Into<String>) -> Self {
         self.vlines.push(VLine {
             x,
@@ -151,15 +197,18 @@ impl Panel {
         });
         self
     }
+    /// Makes the x axis logarithmic (or linear).
     pub fn log_x(self, log_x: bool) -> Self {
         Panel { log_x, ..self }
     }
+    /// Fixes the x range.
     pub fn x_range(self, lo: f64, hi: f64) -> Self {
         Panel {
             x_range: Some((lo, hi)),
             ..self
         }
     }
+    /// Fixes the y range.
     pub fn y_range(self, lo: f64, hi: f64) -> Self {
         Panel {
             y_range: Some((lo, hi)),
@@ -171,13 +220,18 @@ impl Panel {
 /// A figure of vertically stacked panels.
 #[derive(Clone, Debug)]
 pub struct Figure {
+    /// Title across the top (may be empty).
     pub title: String,
+    /// Width in pixels (clamped to 1..=MAX_SIDE).
     pub width: u32,
+    /// Height in pixels (clamped to 1..=MAX_SIDE).
     pub height: u32,
+    /// Panels, top to bottom.
     pub panels: Vec<Panel>,
 }
 
 impl Figure {
+    /// An empty figure of `width × height` pixels.
     pub fn new(title: impl Into<String>, width: u32, height: u32) -> Self {
         Figure {
             title: title.into(),
@@ -186,29 +240,22 @@ impl Figure {
             panels: Vec::new(),
         }
     }
+    /// Adds a panel below the existing ones.
     pub fn panel(mut self, p: Panel) -> Self {
         self.panels.push(p);
         self
     }
 
-    /// The figure as a standalone SVG document.
+    /// The figure as a standalone SVG document (empty if rendering fails, which only a
+    /// broken embedded font could cause; [`Figure::save`] reports that as an error).
     pub fn to_svg(&self) -> String {
-        let (w, h) = self.size();
-        let mut c = svg::Svg::new(w, h, Color::WHITE);
-        self.draw(&mut c);
-        c.finish()
+        self.svg().unwrap_or_default()
     }
 
-    /// The figure as an 8-bit RGB PNG of `width × height` (clamped to 1..=MAX_SIDE).
+    /// The figure as an 8-bit RGB PNG of `width × height` (clamped to 1..=MAX_SIDE); empty
+    /// if rendering fails (see [`Figure::to_svg`]).
     pub fn to_png(&self) -> Vec<u8> {
-        self.raster().encode_png().unwrap_or_default()
-    }
-
-    fn raster(&self) -> raster::Raster {
-        let (w, h) = self.size();
-        let mut r = raster::Raster::new(w, h, Color::WHITE);
-        self.draw(&mut r);
-        r
+        self.png().unwrap_or_default()
     }
 
     /// Writes `<stem>.svg` and `<stem>.png` (extension appended, not substituted), each
@@ -220,12 +267,10 @@ impl Figure {
             PathBuf::from(s)
         };
         let (svg_path, png_path) = (with(".svg"), with(".png"));
-        write_atomic(&svg_path, self.to_svg().as_bytes())?;
-        let png = self
-            .raster()
-            .encode_png()
-            .map_err(|e| ctx(&png_path, "encoding", e))?;
-        write_atomic(&png_path, &png)?;
+        let svg = self.svg().map_err(|e| ctx(&svg_path, "rendering", e))?;
+        crate::util::write_atomic(&svg_path, svg.as_bytes())?;
+        let png = self.png().map_err(|e| ctx(&png_path, "rendering", e))?;
+        crate::util::write_atomic(&png_path, &png)?;
         Ok((svg_path, png_path))
     }
 
@@ -235,6 +280,60 @@ impl Figure {
             self.height.clamp(1, MAX_SIDE),
         )
     }
+
+    fn svg(&self) -> std::io::Result<String> {
+        font_ready()?;
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, self.size()).into_drawing_area();
+            self.render(&root).map_err(drawing)?;
+            root.present().map_err(drawing)?;
+        }
+        Ok(out)
+    }
+
+    /// The figure as packed 8-bit RGB rows, and where each panel landed.
+    fn pixels(&self) -> std::io::Result<(Vec<u8>, Vec<Placed>)> {
+        font_ready()?;
+        let (w, h) = self.size();
+        let mut buf = vec![0u8; w as usize * h as usize * 3];
+        let placed = {
+            let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+            let placed = self.render(&root).map_err(drawing)?;
+            root.present().map_err(drawing)?;
+            placed
+        };
+        Ok((buf, placed))
+    }
+
+    fn png(&self) -> std::io::Result<Vec<u8>> {
+        let (w, h) = self.size();
+        let (buf, _) = self.pixels()?;
+        let mut out = Vec::new();
+        let mut enc = png::Encoder::new(&mut out, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut writer = enc.write_header().map_err(Error::other)?;
+        writer.write_image_data(&buf).map_err(Error::other)?;
+        writer.finish().map_err(Error::other)?;
+        Ok(out)
+    }
+}
+
+/// Registers the embedded font with plotters (once per process).
+fn font_ready() -> std::io::Result<()> {
+    static OK: OnceLock<bool> = OnceLock::new();
+    let ok = *OK.get_or_init(|| register_font(FAMILY, FontStyle::Normal, DEJAVU_SANS).is_ok());
+    ok.then_some(()).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidData,
+            "the embedded font assets/fonts/DejaVuSans.ttf is not a TrueType font plotters can load",
+        )
+    })
+}
+
+fn drawing<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> Error {
+    Error::other(format!("drawing the plot failed: {e}"))
 }
 
 fn ctx(path: &Path, what: &str, e: Error) -> Error {
@@ -244,38 +343,6 @@ fn ctx(path: &Path, what: &str, e: Error) -> Error {
     )
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let no_name = || Error::new(ErrorKind::InvalidInput, "path has no file name");
-    let name = path
-        .file_name()
-        .ok_or_else(|| ctx(path, "writing", no_name()))?;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp_name = format!(
-        ".{}.tmp.{}.{seq}",
-        name.to_string_lossy(),
-        std::process::id()
-    );
-    let tmp = dir.join(tmp_name);
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(ctx(path, "writing", e));
-    }
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all(); // best effort: persist the rename
-    }
-    Ok(())
-}
 
 // ---------------------------------------------------------------------------------------
 // Ticks and labels
@@ -430,85 +497,15 @@ pub fn tick_labels(ticks: &[f64]) -> Vec<String> {
     best
 }
 
-/// `s` cut to fit `max_px` at `scale`, ending in `..` when cut.
-fn truncate(s: &str, max_px: f64, scale: u32) -> String {
-    if font::text_width(s, scale) as f64 <= max_px {
-        return s.to_string();
-    }
-    let gap = (font::ADVANCE - font::GLYPH_W) as f64;
-    let n = ((max_px / scale as f64 + gap) / font::ADVANCE as f64)
-        .floor()
-        .max(0.0) as usize;
-    if n <= 2 {
-        return s.chars().take(n).collect();
-    }
-    s.chars().take(n - 2).chain("..".chars()).collect()
-}
-
 // ---------------------------------------------------------------------------------------
-// Drawing surface shared by the SVG writer and the rasteriser
+// Layout and drawing (plotters)
 
 type Pt = (f64, f64);
 /// A box: left, top, right, bottom.
 type Bx = (f64, f64, f64, f64);
+type DrawResult<T, DB> = Result<T, DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Anchor {
-    Start,
-    Middle,
-    End,
-}
-
-/// Coordinates in pixels, origin top-left. `text` puts the top of the text box at `y`;
-/// `vtext` reads bottom-to-top with its top edge at `x`, centred on `y`.
-trait Canvas {
-    fn line(&mut self, a: Pt, b: Pt, c: Color, width: f64, dashed: bool);
-    fn polyline(&mut self, pts: &[Pt], c: Color, width: f64);
-    fn circle(&mut self, center: Pt, r: f64, c: Color);
-    fn rect(&mut self, r: (f64, f64, f64, f64), fill: Option<Color>, stroke: Option<Color>);
-    fn text(&mut self, at: Pt, s: &str, scale: u32, c: Color, anchor: Anchor);
-    fn vtext(&mut self, at: Pt, s: &str, scale: u32, c: Color);
-    fn vline_marker(&mut self, a: Pt, b: Pt, c: Color) {
-        self.line(a, b, c, 1.0, true);
-    }
-    fn legend_dot(&mut self, center: Pt, r: f64, c: Color) {
-        self.circle(center, r, c);
-    }
-}
-
-/// Maps data values to pixels; `lo`/`hi` are in log10 space on a log axis.
-#[derive(Clone, Copy, Debug)]
-struct Scale {
-    lo: f64,
-    hi: f64,
-    log: bool,
-    p0: f64,
-    p1: f64,
-}
-
-impl Scale {
-    fn new(lo: f64, hi: f64, log: bool, p0: f64, p1: f64) -> Self {
-        Scale {
-            lo,
-            hi,
-            log,
-            p0,
-            p1,
-        }
-    }
-    fn map(&self, v: f64) -> f64 {
-        let t = if !self.log {
-            v
-        } else if v > 0.0 {
-            v.log10()
-        } else {
-            f64::NAN
-        };
-        self.p0 + (t - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0)
-    }
-}
-
-/// Plot-area rectangle: left, top, right, bottom in pixels.
+/// A rectangle: x0, y0, x1, y1 with x0 ≤ x1 and y0 ≤ y1 (data space for clipping).
 #[derive(Clone, Copy, Debug)]
 struct Rect(f64, f64, f64, f64);
 
@@ -518,29 +515,149 @@ impl Rect {
     }
 }
 
-/// Text scale (`s` body, `ts` title), character advance and cell height, outer padding.
+/// Where a panel landed: its axis ranges (x in log10 space on a log axis) and the pixel
+/// limits plotters maps them to (`px` left → right, `py` bottom → top).
+#[derive(Clone, Debug, PartialEq)]
+struct Placed {
+    log_x: bool,
+    xr: (f64, f64),
+    yr: (f64, f64),
+    px: (i32, i32),
+    py: (i32, i32),
+    x_labels: bool,
+}
+
+impl Placed {
+    /// The pixel a data point maps to (NaN where it has none, e.g. x ≤ 0 on a log axis).
+    fn pixel(&self, (x, y): Pt) -> Pt {
+        let f = |v: f64, (lo, hi): (f64, f64), (a, b): (i32, i32)| {
+            a as f64 + (v - lo) / (hi - lo) * (b - a) as f64
+        };
+        (
+            f(to_axis(x, self.log_x), self.xr, self.px),
+            f(y, self.yr, self.py),
+        )
+    }
+}
+
+/// A linear plotters axis over `lo..hi` whose ticks (and grid lines) are exactly the keys
+/// given, labelled by the caller's formatter.
+#[derive(Clone)]
+struct Axis(f64, f64, Vec<f64>);
+
+impl Ranged for Axis {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        RangedCoordf64::from(self.0..self.1).map(v, limit)
+    }
+
+    fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
+        match hint.weight().allow_light_points() {
+            true => Vec::new(),
+            false => self.2.clone(),
+        }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.0..self.1
+    }
+}
+
+/// An x value in axis space: log10 on a log axis (NaN for x ≤ 0).
+fn to_axis(x: f64, log: bool) -> f64 {
+    match (log, x > 0.0) {
+        (false, _) => x,
+        (true, true) => x.log10(),
+        (true, false) => f64::NAN,
+    }
+}
+
+fn rgb(c: Color) -> RGBColor {
+    RGBColor(c.0, c.1, c.2)
+}
+
+fn text_style(size: f64, c: Color) -> TextStyle<'static> {
+    (FAMILY, size).into_font().color(&rgb(c))
+}
+
+fn text_width(s: &str, st: &TextStyle) -> f64 {
+    st.font.box_size(s).map_or(0.0, |(w, _)| w as f64)
+}
+
+/// `s` with control characters blanked, cut to fit `max_px`, ending in `..` when cut.
+fn truncate(s: &str, max_px: f64, st: &TextStyle) -> String {
+    let s: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text_width(&s, st) <= max_px {
+        return s;
+    }
+    let chars: Vec<char> = s.chars().collect();
+    let cut = |n: usize| chars[..n].iter().collect::<String>() + "..";
+    let (mut lo, mut hi) = (0, chars.len());
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if text_width(&cut(mid), st) <= max_px {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    if lo == 0 { String::new() } else { cut(lo) }
+}
+
+/// Text styles and spacing for one figure size.
 struct Metrics {
-    s: u32,
-    ts: u32,
-    cw: f64,
-    ch: f64,
+    /// Scale: 2 for large figures, else 1.
+    s: f64,
+    body: TextStyle<'static>,
+    title: TextStyle<'static>,
+    marker: TextStyle<'static>,
+    /// Body text height in pixels.
+    th: f64,
+    /// Outer padding left and at the bottom.
     pad: f64,
+    /// Margin above and below each panel.
+    margin: f64,
+    /// Room right of each plot area (for the last x tick label).
+    right: f64,
 }
 
-/// What a panel drew, for placing its legend: pixel points and label boxes.
-#[derive(Default)]
-struct Drawn {
-    points: Vec<Pt>,
-    labels: Vec<Bx>,
+impl Metrics {
+    fn new((w, h): (u32, u32)) -> Self {
+        let s = if w >= 1400 && h >= 800 { 2.0 } else { 1.0 };
+        let body = text_style(13.0 * s, TEXT);
+        let th = body
+            .font
+            .box_size("0Ag")
+            .map_or(13.0 * s, |(_, h)| h as f64);
+        Metrics {
+            s,
+            title: text_style(17.0 * s, TEXT),
+            marker: text_style(12.0 * s, MARKER),
+            body,
+            th,
+            pad: 8.0 * s,
+            margin: 4.0 * s,
+            right: 22.0 * s,
+        }
+    }
 }
 
+/// One panel's place in the figure and its axes.
 struct PanelLayout {
-    plot: Rect,
-    xs: Scale,
-    ys: Scale,
+    top: f64,
+    height: f64,
+    x_area: f64,
+    plot_w: f64,
+    xr: (f64, f64),
+    yr: (f64, f64),
     x_ticks: Vec<(f64, String)>,
     y_ticks: Vec<(f64, String)>,
-    show_x_labels: bool,
+    show_x: bool,
 }
 
 /// Auto or explicit range of an axis, in transformed (log10 when `log`) space.
@@ -601,94 +718,106 @@ fn finite_points(s: &Series, log_x: bool) -> impl Iterator<Item = Pt> + '_ {
     s.points.iter().copied().filter(ok)
 }
 
-/// Labelled ticks; labels that would collide along the axis are thinned to every n-th.
-fn make_ticks(ticks: Vec<f64>, sc: &Scale, m: &Metrics, horizontal: bool) -> Vec<(f64, String)> {
-    let ticks: Vec<f64> = ticks
-        .into_iter()
-        .filter(|t| sc.map(*t).is_finite())
-        .collect();
-    let mut labels = tick_labels(&ticks);
-    let extent = |i: usize| match horizontal {
-        true => font::text_width(&labels[i], m.s) as f64 + m.cw,
-        false => m.ch + 2.0,
-    };
+/// One coordinate of every plottable point of a panel.
+fn coords(p: &Panel, f: fn(Pt) -> f64) -> impl Iterator<Item = f64> + '_ {
+    p.series
+        .iter()
+        .flat_map(|s| finite_points(s, p.log_x))
+        .map(f)
+}
+
+/// Labelled ticks at axis positions `keys` (`values` are what they denote); labels that
+/// would collide along the axis are thinned to every n-th. `px` maps a key to pixels.
+fn make_ticks(
+    keys: Vec<f64>,
+    values: Vec<f64>,
+    px: impl Fn(f64) -> f64,
+    extent: impl Fn(&str) -> f64,
+) -> Vec<(f64, String)> {
+    let mut labels = tick_labels(&values);
     let fits = |every: usize| {
-        let kept: Vec<usize> = (0..ticks.len()).step_by(every).collect();
+        let kept: Vec<usize> = (0..keys.len()).step_by(every).collect();
         kept.windows(2).all(|w| {
-            let d = (sc.map(ticks[w[1]]) - sc.map(ticks[w[0]])).abs();
-            d >= (extent(w[0]) + extent(w[1])) / 2.0
+            let d = (px(keys[w[1]]) - px(keys[w[0]])).abs();
+            d >= (extent(&labels[w[0]]) + extent(&labels[w[1]])) / 2.0
         })
     };
-    let every = (1..=ticks.len().max(1)).find(|e| fits(*e)).unwrap_or(1);
+    let every = (1..=keys.len().max(1)).find(|e| fits(*e)).unwrap_or(1);
     labels
         .iter_mut()
         .enumerate()
         .filter(|(i, _)| i % every != 0)
         .for_each(|(_, l)| l.clear());
-    ticks.into_iter().zip(labels).collect()
+    keys.into_iter().zip(labels).collect()
+}
+
+/// The label of the tick at `key` (plotters hands back the keys it was given).
+fn label_at(ticks: &[(f64, String)], key: f64) -> String {
+    let hit = ticks.iter().find(|(k, _)| *k == key);
+    hit.map(|(_, l)| l.clone()).unwrap_or_default()
 }
 
 impl Figure {
-    fn metrics(&self) -> Metrics {
+    /// Places the panels below `top`: equal plot heights, shared x axes, aligned plot
+    /// areas. Empty when the figure is too small to hold them.
+    fn layout(&self, m: &Metrics, top: f64) -> (Vec<PanelLayout>, f64) {
         let (w, h) = self.size();
-        let s = if w >= 1400 && h >= 800 { 2 } else { 1 };
-        let (cw, ch) = ((font::ADVANCE * s) as f64, (font::GLYPH_H * s) as f64);
-        Metrics {
-            s,
-            ts: if w >= 300 { 2 } else { 1 },
-            cw,
-            ch,
-            pad: 8.0,
-        }
-    }
-
-    fn layout(&self, m: &Metrics) -> Vec<PanelLayout> {
-        let (w, h) = self.size();
+        let (w, h) = (w as f64, h as f64);
         let (n, panels) = (self.panels.len(), &self.panels);
         // Panels i and i+1 share an x axis when their x label, log flag and range agree.
         let axis = |p: &Panel| (p.x_label.clone(), p.log_x, p.x_range);
         let show_x: Vec<bool> = (0..n)
             .map(|i| i + 1 == n || axis(&panels[i]) != axis(&panels[i + 1]))
             .collect();
-        // Vertical: fixed overheads per panel, the rest split evenly between plot areas.
-        let title_h = |p: &Panel| 4.0 + space(&p.title, m.ch + 2.0);
-        let overhead = |i: usize| {
-            let x_labels = 13.0 + m.ch + space(&panels[i].x_label, 4.0 + m.ch);
-            title_h(&panels[i]) + if show_x[i] { x_labels } else { 10.0 }
+        let caption = |p: &Panel| match p.title.is_empty() {
+            true => 0.0,
+            false => m.th + 2.0 * (m.th / 2.0).min(5.0).floor(),
         };
-        let top = m.pad + space(&self.title, (font::GLYPH_H * m.ts) as f64 + 6.0);
+        let x_area = |i: usize| match show_x[i] {
+            false => 0.0,
+            true => {
+                let desc = if panels[i].x_label.is_empty() {
+                    0.0
+                } else {
+                    m.th + 4.0 * m.s
+                };
+                (m.th + 12.0 * m.s + desc).ceil()
+            }
+        };
+        let overhead = |i: usize| (2.0 * m.margin + caption(&panels[i]) + x_area(i)).ceil();
         let fixed: f64 = (0..n).map(overhead).sum();
-        let plot_h = ((h as f64 - top - m.pad - fixed) / n.max(1) as f64).max(1.0);
-        let mut y = top;
-        let mut rows = Vec::new();
-        for (i, p) in panels.iter().enumerate() {
-            let t = (y + title_h(p)).round() + 0.5;
-            rows.push((t, ((t + plot_h).round() + 0.5).max(t + 1.0)));
-            y += overhead(i) + plot_h;
+        let plot_h = ((h - top - m.pad - fixed) / n.max(1) as f64).floor();
+        if n == 0 || plot_h < 2.0 * m.th {
+            return (Vec::new(), 0.0);
         }
         // Y ranges and ticks per panel.
         let mut ys = Vec::new();
-        for (p, &(t, b)) in panels.iter().zip(&rows) {
+        for p in panels {
             let (lo, hi) = axis_range(&coords(p, |q| q.1).collect::<Vec<_>>(), false, p.y_range);
-            let sc = Scale::new(lo, hi, false, b, t);
-            let target = ((b - t) / (m.ch * 3.0)).clamp(2.0, 10.0) as usize;
-            ys.push((sc, make_ticks(nice_ticks(lo, hi, target), &sc, m, false)));
+            let target = (plot_h / (m.th * 2.5)).clamp(2.0, 10.0) as usize;
+            let ticks = nice_ticks(lo, hi, target);
+            let px = |v: f64| (v - lo) / (hi - lo) * plot_h;
+            let made = make_ticks(ticks.clone(), ticks, px, |_| m.th + 2.0);
+            ys.push(((lo, hi), made));
         }
-        // Horizontal margins are shared so that stacked plot areas align.
+        // Horizontal room is shared so that stacked plot areas align.
         let label_w = ys
             .iter()
             .flat_map(|y| &y.1)
-            .map(|(_, l)| font::text_width(l, m.s));
-        let y_label = if panels.iter().all(|p| p.y_label.is_empty()) {
-            0.0
-        } else {
-            m.ch + 6.0
+            .map(|(_, l)| text_width(l, &m.body))
+            .fold(0.0, f64::max);
+        let desc = match panels.iter().all(|p| p.y_label.is_empty()) {
+            true => 0.0,
+            false => m.th + 6.0 * m.s,
         };
-        let l = (m.pad + y_label + label_w.max().unwrap_or(0) as f64 + 7.0).round() + 0.5;
-        let r = ((w as f64 - m.pad - 3.0 * m.cw).round() + 0.5).max(l + 1.0);
+        let y_area = (label_w + 10.0 * m.s + desc).ceil();
+        let plot_w = w - m.pad - y_area - m.right;
+        if plot_w < 2.0 * m.th {
+            return (Vec::new(), 0.0);
+        }
         // X ranges: union over each shared group (a run of panels ending at a shown axis).
         let mut out = Vec::with_capacity(n);
-        let mut start = 0;
+        let (mut start, mut y) = (0, top);
         for i in (0..n).filter(|i| show_x[*i]) {
             let (group, p) = (&panels[start..=i], &panels[i]);
             let marks = group.iter().flat_map(|p| p.vlines.iter().map(|v| v.x));
@@ -698,58 +827,280 @@ impl Figure {
                 .chain(marks)
                 .collect();
             let (lo, hi) = axis_range(&xv, p.log_x, p.x_range);
-            let xs = Scale::new(lo, hi, p.log_x, l, r);
-            let target = ((r - l) / (m.cw * 10.0)).clamp(2.0, 10.0) as usize;
-            let raw = if p.log_x {
-                log_ticks(lo, hi, target)
-            } else {
-                nice_ticks(lo, hi, target)
+            let target = (plot_w / (70.0 * m.s)).clamp(2.0, 10.0) as usize;
+            let values = match p.log_x {
+                true => log_ticks(lo, hi, target),
+                false => nice_ticks(lo, hi, target),
             };
-            let x_ticks = make_ticks(raw, &xs, m, true);
+            let values: Vec<f64> = values
+                .into_iter()
+                .filter(|v| to_axis(*v, p.log_x).is_finite())
+                .collect();
+            let keys = values.iter().map(|v| to_axis(*v, p.log_x)).collect();
+            let px = |v: f64| (v - lo) / (hi - lo) * plot_w;
+            let extent = |l: &str| text_width(l, &m.body) + 8.0 * m.s;
+            let x_ticks = make_ticks(keys, values, px, extent);
             for j in start..=i {
-                let (plot, (ys, y_ticks)) = (Rect(l, rows[j].0, r, rows[j].1), ys[j].clone());
-                let (x_ticks, show_x_labels) = (x_ticks.clone(), show_x[j]);
+                let height = overhead(j) + plot_h;
                 out.push(PanelLayout {
-                    plot,
-                    xs,
-                    ys,
-                    x_ticks,
-                    y_ticks,
-                    show_x_labels,
+                    top: y,
+                    height,
+                    x_area: x_area(j),
+                    plot_w,
+                    xr: (lo, hi),
+                    yr: ys[j].0,
+                    x_ticks: x_ticks.clone(),
+                    y_ticks: ys[j].1.clone(),
+                    show_x: show_x[j],
                 });
+                y += height;
             }
             start = i + 1;
         }
-        out
+        (out, y_area)
     }
 
-    fn draw<C: Canvas>(&self, c: &mut C) {
-        let m = self.metrics();
-        let w = self.size().0 as f64;
-        let title = truncate(&self.title, w - 2.0 * m.pad, m.ts);
-        c.text((w / 2.0, m.pad), &title, m.ts, TEXT, Middle);
-        for (p, l) in self.panels.iter().zip(self.layout(&m)) {
-            draw_panel(c, &m, p, &l);
+    /// Draws the figure onto `root`; returns where each panel's plot area landed.
+    fn render<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> DrawResult<Vec<Placed>, DB> {
+        root.fill(&rgb(Color::WHITE))?;
+        let m = Metrics::new(self.size());
+        let w = self.size().0;
+        let mut top = 0.0;
+        let title = truncate(&self.title, w as f64 - 2.0 * m.pad, &m.title);
+        if !title.is_empty() {
+            let below = root.titled(&title, m.title.clone())?;
+            top = (below.get_base_pixel().1 - root.get_base_pixel().1) as f64;
         }
+        let (layouts, y_area) = self.layout(&m, top);
+        let mut placed = Vec::with_capacity(layouts.len());
+        for (p, l) in self.panels.iter().zip(&layouts) {
+            let area = root
+                .clone()
+                .shrink((0, l.top as i32), (w, l.height.round() as u32));
+            placed.push(draw_panel(root, &area, &m, p, l, y_area)?);
+        }
+        Ok(placed)
     }
 }
 
-/// `v` when `s` is shown (non-empty), else 0: the room a label takes.
-fn space(s: &str, v: f64) -> f64 {
-    if s.is_empty() { 0.0 } else { v }
-}
-
-/// One coordinate of every plottable point of a panel.
-fn coords(p: &Panel, f: fn(Pt) -> f64) -> impl Iterator<Item = f64> + '_ {
-    p.series
-        .iter()
-        .flat_map(|s| finite_points(s, p.log_x))
-        .map(f)
+/// What a panel drew, for placing its legend: pixel points and marker-label boxes.
+#[derive(Default)]
+struct Drawn {
+    points: Vec<Pt>,
+    labels: Vec<Bx>,
 }
 
 /// Whether boxes (left, top, right, bottom) touch.
 fn overlaps(a: Bx, b: Bx) -> bool {
     a.0 <= b.2 && a.2 >= b.0 && a.1 <= b.3 && a.3 >= b.1
+}
+
+fn draw_panel<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    area: &DrawingArea<DB, Shift>,
+    m: &Metrics,
+    p: &Panel,
+    l: &PanelLayout,
+    y_area: f64,
+) -> DrawResult<Placed, DB> {
+    let (xr, yr) = (l.xr, l.yr);
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .margin_top(m.margin as u32)
+        .margin_bottom(m.margin as u32)
+        .margin_left(m.pad as u32)
+        .margin_right(m.right as u32)
+        .x_label_area_size(l.x_area as u32)
+        .y_label_area_size(y_area as u32);
+    let caption = truncate(&p.title, l.plot_w, &m.body);
+    if !caption.is_empty() {
+        builder.caption(&caption, m.body.clone());
+    }
+    let key = |t: &[(f64, String)]| t.iter().map(|(k, _)| *k).collect::<Vec<_>>();
+    let mut chart = builder.build_cartesian_2d(
+        Axis(xr.0, xr.1, key(&l.x_ticks)),
+        Axis(yr.0, yr.1, key(&l.y_ticks)),
+    )?;
+    let (px, py) = chart.plotting_area().get_pixel_range();
+    let placed = Placed {
+        log_x: p.log_x,
+        xr,
+        yr,
+        px: (px.start, px.end - 1),
+        py: (py.end - 1, py.start),
+        x_labels: l.show_x,
+    };
+    let (x0, x1, y0, y1) = (
+        px.start as f64,
+        (px.end - 1) as f64,
+        py.start as f64,
+        (py.end - 1) as f64,
+    );
+    // Grid, ticks, tick labels and axis descriptions.
+    let x_fmt = |v: &f64| label_at(&l.x_ticks, *v);
+    let y_fmt = |v: &f64| label_at(&l.y_ticks, *v);
+    let x_desc = truncate(&p.x_label, l.plot_w, &m.body);
+    let y_desc = truncate(&p.y_label, y1 - y0, &m.body);
+    let mut mesh = chart.configure_mesh();
+    mesh.bold_line_style(rgb(GRID))
+        .axis_style(rgb(AXIS))
+        .label_style(m.body.clone())
+        .axis_desc_style(m.body.clone())
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
+        .set_all_tick_mark_size((4.0 * m.s) as u32);
+    if l.show_x && !x_desc.is_empty() {
+        mesh.x_desc(x_desc);
+    }
+    if !y_desc.is_empty() {
+        mesh.y_desc(y_desc);
+    }
+    mesh.draw()?;
+    let frame = [(xr.0, yr.0), (xr.1, yr.1)];
+    chart
+        .plotting_area()
+        .draw(&Rectangle::new(frame, rgb(AXIS).stroke_width(1)))?;
+    // Vertical markers, labels stacked greedily in up to three rows along the top.
+    let mut drawn = Drawn::default();
+    let rows = ((y1 - y0) / (m.th + 2.0)).clamp(0.0, 3.0) as usize;
+    let mut row_end = vec![f64::NEG_INFINITY; rows];
+    let mut vl: Vec<(f64, &str)> = p
+        .vlines
+        .iter()
+        .map(|v| (to_axis(v.x, p.log_x), v.label.as_str()))
+        .filter(|(t, _)| *t >= xr.0 && *t <= xr.1)
+        .collect();
+    vl.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let dash = rgb(MARKER).stroke_width(1);
+    for (t, label) in vl {
+        let line = [(t, yr.0), (t, yr.1)];
+        let (dl, gap) = ((5.0 * m.s) as i32, (4.0 * m.s) as i32);
+        chart.draw_series(DashedLineSeries::new(line, dl, gap, dash))?;
+        let x = placed
+            .pixel((if p.log_x { 10f64.powf(t) } else { t }, yr.1))
+            .0;
+        let (room_r, room_l) = (x1 - x - 5.0, x - x0 - 5.0);
+        let right = text_width(label, &m.marker) <= room_r || room_r >= room_l;
+        let text = truncate(label, if right { room_r } else { room_l }, &m.marker);
+        let tw = text_width(&text, &m.marker);
+        if text.is_empty() || rows == 0 {
+            continue;
+        }
+        let a = if right { x + 3.0 } else { x - 3.0 - tw };
+        let least = (0..rows).min_by(|&i, &j| row_end[i].total_cmp(&row_end[j]));
+        let row = (0..rows).find(|&k| row_end[k] < a).or(least).unwrap_or(0);
+        row_end[row] = a + tw + 6.0 * m.s;
+        let y = y0 + 3.0 + row as f64 * (m.th + 2.0);
+        root.draw(&Text::new(text, (a as i32, y as i32), m.marker.clone()))?;
+        drawn.labels.push((a, y, a + tw, y + m.th));
+    }
+    // Series, clipped to the axis ranges in data space.
+    let bounds = Rect(xr.0, yr.0, xr.1, yr.1);
+    let to_px = |q: Pt| {
+        let x = if p.log_x { 10f64.powf(q.0) } else { q.0 };
+        placed.pixel((x, q.1))
+    };
+    let (sw, legend_dot) = (14.0 * m.s, (m.th / 2.0 - 1.0).max(1.0));
+    let mut named = Vec::new();
+    for s in &p.series {
+        let color = rgb(s.color);
+        let width = if s.width.is_finite() {
+            s.width.round().clamp(1.0, 32.0)
+        } else {
+            1.0
+        } as u32;
+        let radius = if s.radius.is_finite() {
+            s.radius.round().clamp(0.0, 64.0)
+        } else {
+            0.0
+        } as u32;
+        let on_axis = |(x, y): Pt| (to_axis(x, p.log_x), y);
+        let anno = match s.kind {
+            SeriesKind::Scatter => {
+                let pts: Vec<Pt> = finite_points(s, p.log_x)
+                    .map(on_axis)
+                    .filter(|q| bounds.contains(*q, 0.0))
+                    .collect();
+                drawn.points.extend(pts.iter().map(|q| to_px(*q)));
+                let dots = pts
+                    .into_iter()
+                    .map(|q| Circle::new(q, radius, color.filled()));
+                let anno = chart.draw_series(dots)?;
+                let r = (radius as f64).min(legend_dot) as u32;
+                let c = (sw / 2.0) as i32;
+                anno.legend(move |(x, y)| Circle::new((x + c, y), r, color.filled()))
+            }
+            kind => {
+                let path: Vec<Pt> = if kind == SeriesKind::Line {
+                    s.points.iter().map(|q| on_axis(*q)).collect()
+                } else {
+                    let mut pts: Vec<Pt> = finite_points(s, p.log_x).map(on_axis).collect();
+                    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    let corners = pts.windows(2).flat_map(|w| [(w[1].0, w[0].1), w[1]]);
+                    pts.first().copied().into_iter().chain(corners).collect()
+                };
+                let runs = clip_path(&path, &bounds);
+                drawn
+                    .points
+                    .extend(runs.iter().flatten().map(|q| to_px(*q)));
+                let style = color.stroke_width(width);
+                let anno =
+                    chart.draw_series(runs.into_iter().map(|r| PathElement::new(r, style)))?;
+                let (len, lw) = (
+                    sw as i32,
+                    color.stroke_width(width.min(legend_dot as u32).max(1)),
+                );
+                anno.legend(move |(x, y)| PathElement::new(vec![(x, y), (x + len, y)], lw))
+            }
+        };
+        if !s.name.is_empty() {
+            let name = truncate(&s.name, ((x1 - x0) * 0.5 - sw - 16.0).max(0.0), &m.body);
+            anno.label(name.clone());
+            named.push(name);
+        }
+    }
+    // The legend, in whichever plot corner covers the fewest points and marker labels.
+    let margin = 6.0 * m.s;
+    let legend_w = named
+        .iter()
+        .map(|n| text_width(n, &m.body))
+        .fold(0.0, f64::max);
+    let (bw, bh) = (
+        legend_w + sw + 8.0 * m.s + 2.0 * margin,
+        named.len() as f64 * m.th * 1.25 + 2.0 * margin,
+    );
+    if !named.is_empty() && bw <= x1 - x0 - 10.0 && bh <= y1 - y0 - 10.0 {
+        use SeriesLabelPosition::{LowerLeft, LowerRight, UpperLeft, UpperRight};
+        let (left, right, top, bottom) = (x0 + 5.0, x1 - 5.0 - bw, y0 + 5.0, y1 - 5.0 - bh);
+        let corners = [
+            (UpperRight, right, top),
+            (UpperLeft, left, top),
+            (LowerRight, right, bottom),
+            (LowerLeft, left, bottom),
+        ];
+        let cost = |(x, y): (f64, f64)| {
+            let b = (x, y, x + bw, y + bh);
+            let pts = drawn
+                .points
+                .iter()
+                .filter(|q| overlaps((q.0, q.1, q.0, q.1), b));
+            pts.count() + 1000 * drawn.labels.iter().filter(|o| overlaps(**o, b)).count()
+        };
+        let best = corners.into_iter().min_by_key(|c| cost((c.1, c.2)));
+        chart
+            .configure_series_labels()
+            .position(best.map_or(UpperRight, |c| c.0))
+            .legend_area_size((sw + 8.0 * m.s) as u32)
+            .margin(margin as u32)
+            .label_font(m.body.clone())
+            .background_style(rgb(Color::WHITE).filled())
+            .border_style(rgb(LEGEND_EDGE))
+            .draw()?;
+    }
+    Ok(placed)
 }
 
 /// Liang–Barsky: the part of segment a→b inside `r`, if any.
@@ -794,151 +1145,6 @@ fn clip_path(pts: &[Pt], r: &Rect) -> Vec<Vec<Pt>> {
     match pts {
         [p] if ok(p) && r.contains(*p, 0.0) => vec![vec![*p, *p]],
         _ => runs,
-    }
-}
-
-fn draw_panel<C: Canvas>(c: &mut C, m: &Metrics, p: &Panel, l: &PanelLayout) {
-    let Rect(x0, y0, x1, y1) = l.plot;
-    let snap = |v: f64| v.floor() + 0.5;
-    // Grid, ticks and tick labels.
-    for (v, label) in &l.x_ticks {
-        let x = snap(l.xs.map(*v));
-        if x >= x0 && x <= x1 {
-            c.line((x, y0), (x, y1), GRID, 1.0, false);
-            c.line((x, y1), (x, y1 + 4.0), AXIS, 1.0, false);
-            if l.show_x_labels {
-                c.text((x, y1 + 7.0), label, m.s, TEXT, Middle);
-            }
-        }
-    }
-    for (v, label) in &l.y_ticks {
-        let y = snap(l.ys.map(*v));
-        if y >= y0 && y <= y1 {
-            c.line((x0, y), (x1, y), GRID, 1.0, false);
-            c.line((x0 - 4.0, y), (x0, y), AXIS, 1.0, false);
-            let top = y - (font::ASCENT * m.s) as f64 / 2.0;
-            c.text((x0 - 7.0, top), label, m.s, TEXT, End);
-        }
-    }
-    c.rect((x0, y0, x1 - x0, y1 - y0), None, Some(AXIS));
-    // Vertical markers, labels stacked greedily in up to three rows along the top.
-    let mut drawn = Drawn::default();
-    let rows = ((y1 - y0) / (m.ch + 2.0)).clamp(0.0, 3.0) as usize;
-    let mut row_end = vec![f64::NEG_INFINITY; rows];
-    let mut vl: Vec<&VLine> = p.vlines.iter().filter(|v| v.x.is_finite()).collect();
-    vl.sort_by(|a, b| a.x.total_cmp(&b.x));
-    for v in vl {
-        let x = snap(l.xs.map(v.x));
-        if !(x >= x0 - 0.5 && x <= x1 + 0.5) {
-            continue;
-        }
-        c.vline_marker((x, y0), (x, y1), MARKER);
-        let (room_r, room_l) = (x1 - x - 5.0, x - x0 - 5.0);
-        let right = font::text_width(&v.label, m.s) as f64 <= room_r || room_r >= room_l;
-        let text = truncate(&v.label, if right { room_r } else { room_l }, m.s);
-        let tw = font::text_width(&text, m.s) as f64;
-        if text.is_empty() || rows == 0 {
-            continue;
-        }
-        let a = if right { x + 3.0 } else { x - 3.0 - tw };
-        let least = (0..rows).min_by(|&i, &j| row_end[i].total_cmp(&row_end[j]));
-        let row = (0..rows).find(|&k| row_end[k] < a).or(least).unwrap_or(0);
-        row_end[row] = a + tw + m.cw;
-        let y = y0 + 3.0 + row as f64 * (m.ch + 2.0);
-        c.text((a, y), &text, m.s, MARKER, Start);
-        drawn.labels.push((a, y, a + tw, y + m.ch));
-    }
-    // Series.
-    let px = |(x, y): Pt| (l.xs.map(x), l.ys.map(y));
-    for s in &p.series {
-        let path: Vec<Pt> = match s.kind {
-            SeriesKind::Scatter => {
-                let pts = finite_points(s, p.log_x).map(px);
-                for q in pts.filter(|q| l.plot.contains(*q, 0.5)) {
-                    c.circle(q, s.radius, s.color);
-                    drawn.points.push(q);
-                }
-                continue;
-            }
-            SeriesKind::Line => s.points.iter().map(|q| px(*q)).collect(),
-            SeriesKind::Step => {
-                let mut pts: Vec<Pt> = finite_points(s, p.log_x).collect();
-                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                let corners = pts.windows(2).flat_map(|w| [(w[1].0, w[0].1), w[1]]);
-                pts.first()
-                    .copied()
-                    .into_iter()
-                    .chain(corners)
-                    .map(px)
-                    .collect()
-            }
-        };
-        for run in clip_path(&path, &l.plot) {
-            drawn.points.extend(&run);
-            c.polyline(&run, s.color, s.width);
-        }
-    }
-    draw_legend(c, m, p, &l.plot, &drawn);
-    // Axis labels and panel title.
-    let (mid_x, pw, ph) = ((x0 + x1) / 2.0, x1 - x0, y1 - y0);
-    let (x_label, y_label) = (truncate(&p.x_label, pw, m.s), truncate(&p.y_label, ph, m.s));
-    if l.show_x_labels {
-        c.text((mid_x, y1 + 11.0 + m.ch), &x_label, m.s, TEXT, Middle);
-    }
-    c.vtext((m.pad, (y0 + y1) / 2.0), &y_label, m.s, TEXT);
-    c.text(
-        (mid_x, y0 - m.ch - 3.0),
-        &truncate(&p.title, pw, m.s),
-        m.s,
-        TEXT,
-        Middle,
-    );
-}
-
-/// A legend box in whichever plot corner covers the fewest drawn points and marker labels.
-fn draw_legend<C: Canvas>(c: &mut C, m: &Metrics, p: &Panel, r: &Rect, drawn: &Drawn) {
-    let entries: Vec<&Series> = p.series.iter().filter(|s| !s.name.is_empty()).collect();
-    let (sw, row_h) = (14.0 * m.s as f64, m.ch + 3.0);
-    let max_text = ((r.2 - r.0) * 0.5 - sw - 16.0).max(0.0);
-    let names: Vec<String> = entries
-        .iter()
-        .map(|s| truncate(&s.name, max_text, m.s))
-        .collect();
-    let tw = names
-        .iter()
-        .map(|n| font::text_width(n, m.s))
-        .max()
-        .unwrap_or(0);
-    let (bw, bh) = (
-        (sw + tw as f64 + 17.0).round(),
-        (entries.len() as f64 * row_h + 5.0).round(),
-    );
-    if entries.is_empty() || bw > r.2 - r.0 - 8.0 || bh > r.3 - r.1 - 8.0 {
-        return;
-    }
-    let cost = |&(x, y): &Pt| {
-        let b = (x, y, x + bw, y + bh);
-        let pts = drawn
-            .points
-            .iter()
-            .filter(|q| overlaps((q.0, q.1, q.0, q.1), b))
-            .count();
-        pts + 1000 * drawn.labels.iter().filter(|o| overlaps(**o, b)).count()
-    };
-    let (left, right, top, bottom) = (r.0 + 4.0, r.2 - 4.0 - bw, r.1 + 4.0, r.3 - 4.0 - bh);
-    let corners = [(right, top), (left, top), (right, bottom), (left, bottom)];
-    let (bx, by) = corners.into_iter().min_by_key(cost).unwrap_or(corners[0]);
-    let (bx, by) = (bx.floor() + 0.5, by.floor() + 0.5);
-    c.rect((bx, by, bw, bh), Some(Color::WHITE), Some(LEGEND_EDGE));
-    for (i, (s, name)) in entries.iter().zip(&names).enumerate() {
-        let top = by + 4.0 + i as f64 * row_h;
-        let (x, mid) = (bx + 6.0, (top + m.ch / 2.0 - 1.0).floor() + 0.5);
-        let (dot, lw) = (s.radius.min(row_h / 2.0 - 1.0), s.width.min(row_h / 2.0));
-        match s.kind {
-            SeriesKind::Scatter => c.legend_dot((x + sw / 2.0, mid), dot, s.color),
-            _ => c.line((x, mid), (x + sw, mid), s.color, lw, false),
-        }
-        c.text((x + sw + 5.0, top), name, m.s, TEXT, Start);
     }
 }
 

@@ -1,7 +1,8 @@
 use super::*;
 
 /// Minimal XML well-formedness check: properly nested tags, one root, quoted attributes,
-/// no `<`, bare `&`, unknown entity or control character in text or attribute values.
+/// no `<`, bare `&`, unknown entity or control character in text or attribute values
+/// (the XML declaration is optional).
 fn check_xml(doc: &str) -> Result<(), String> {
     let text_ok = |t: &str| {
         let ents = ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"];
@@ -10,10 +11,10 @@ fn check_xml(doc: &str) -> Result<(), String> {
             .all(|(i, _)| ents.iter().any(|e| t[i..].starts_with(e)));
         amps_ok && !t.contains('<') && !t.chars().any(|c| c < ' ' && !"\t\n\r".contains(c))
     };
+    let doc = doc.trim();
     let body = doc
-        .trim()
         .strip_prefix(r#"<?xml version="1.0" encoding="UTF-8"?>"#)
-        .ok_or("no declaration")?;
+        .unwrap_or(doc);
     let (mut stack, mut roots, mut rest) = (Vec::new(), 0, body.trim_start());
     while let Some(lt) = rest.find('<') {
         if !text_ok(&rest[..lt]) || (stack.is_empty() && !rest[..lt].trim().is_empty()) {
@@ -201,34 +202,53 @@ fn label_formatting() {
     assert_eq!(tick_labels(&[100_000.0, 100_200.0]), ["100k", "100.2k"]);
     assert_eq!(tick_labels(&[0.30000000000000004, 0.4]), ["0.3", "0.4"]);
     assert_eq!(tick_labels(&[1e6, 1e6 + 50.0]), ["1M", "1.00005M"]);
-    assert_eq!(truncate("hello world", 1000.0, 1), "hello world");
-    assert_eq!(truncate("hello world", 35.0, 1), "hell..");
-    assert_eq!(truncate("hello", 0.0, 1), "");
+    font_ready().unwrap();
+    let st = text_style(13.0, TEXT);
+    assert_eq!(truncate("hello world", 1000.0, &st), "hello world");
+    let cut = truncate("hello world", 40.0, &st);
+    assert!(cut.ends_with("..") && cut.len() < 11, "{cut}");
+    assert!(text_width(&cut, &st) <= 40.0 && text_width(&cut, &st) > 0.0);
+    assert_eq!(truncate("hello", 0.0, &st), "");
+    assert_eq!(truncate("a\u{0}b\nc", 1000.0, &st), "a b c");
+}
+
+/// Whether `c` appears within `r` pixels of `(x, y)` in a packed RGB image of width `w`.
+fn colour_near(buf: &[u8], w: u32, (x, y): Pt, r: i64, c: Color) -> bool {
+    let h = buf.len() as i64 / (3 * w as i64);
+    let (x, y) = (x.round() as i64, y.round() as i64);
+    (-r..=r)
+        .flat_map(|dy| (-r..=r).map(move |dx| (x + dx, y + dy)))
+        .any(|(x, y)| {
+            let i = ((y * w as i64 + x) * 3) as usize;
+            x >= 0 && y >= 0 && x < w as i64 && y < h && Color(buf[i], buf[i + 1], buf[i + 2]) == c
+        })
 }
 
 #[test]
-fn svg_is_well_formed_with_one_circle_per_point_and_marker_per_vline() {
+fn svg_is_well_formed_and_holds_title_legend_and_escaped_text() {
     let mut fig = latency_scatter();
     fig.panels[0].series[0]
         .points
-        .extend([(f64::NAN, 3.0), (-5.0, 3.0)]); // not plottable
+        .extend([(f64::NAN, 3.0), (-5.0, 3.0), (f64::INFINITY, 1.0)]); // not plottable
     let svg = fig.to_svg();
     check_xml(&svg).unwrap();
-    assert_eq!(svg.matches("<circle").count(), 12 + 2);
+    assert!(svg.contains("<svg"));
+    assert!(svg.contains("median inference latency vs size"));
+    for name in ["engines", "regression", "parameters", "median latency (µs)"] {
+        assert!(svg.contains(name), "{name}");
+    }
+    // One circle per plottable point, plus one per scatter legend entry.
+    assert_eq!(svg.matches("<circle").count(), 12 + 2 + 2);
     let svg = resource_trace().to_svg();
     check_xml(&svg).unwrap();
-    assert_eq!(svg.matches(r#"class="vline""#).count(), 5);
-    assert!(svg.contains("fine-tune &amp; &lt;eval&gt;"));
-    assert_eq!(svg.matches("<circle").count(), 0);
+    assert!(svg.contains("train job 42: resources"));
+    assert!(svg.contains("fine-tune &amp; &lt;eval&gt;"), "{svg}");
+    assert!(svg.contains("stage 1: warmup") && svg.contains(">\nrss\n<"));
+    assert!(!svg.contains("<circle"));
     let svg = pareto().to_svg();
     check_xml(&svg).unwrap();
-    assert_eq!(
-        (
-            svg.matches("<circle").count(),
-            svg.matches("<polyline").count()
-        ),
-        (6, 1)
-    );
+    assert!(svg.contains("validation R² vs parameters") && svg.contains("front"));
+    assert_eq!(svg.matches("<circle").count(), 6 + 1);
     for bad in [
         "<a><b></a></b>",
         "<a x=\"1 & 2\"/>",
@@ -243,64 +263,94 @@ fn svg_is_well_formed_with_one_circle_per_point_and_marker_per_vline() {
 }
 
 #[test]
-fn png_decodes_to_size_and_points_have_series_colour() {
+fn log_axis_ticks_are_decades_with_compact_labels() {
+    let fig = latency_scatter(); // x from 1e3 to about 4e7
+    let m = Metrics::new(fig.size());
+    let (layout, _) = fig.layout(&m, 30.0);
+    let keys: Vec<f64> = layout[0].x_ticks.iter().map(|t| t.0).collect();
+    assert_eq!(keys, [3.0, 4.0, 5.0, 6.0, 7.0]);
+    let labels: Vec<&str> = layout[0].x_ticks.iter().map(|t| t.1.as_str()).collect();
+    assert_eq!(labels, ["1k", "10k", "100k", "1M", "10M"]);
+    let svg = fig.to_svg();
+    for l in labels {
+        assert!(svg.contains(&format!(">\n{l}\n<")), "{l}");
+    }
+    // Less than a decade: 1/2/5 steps.
+    let narrow = Panel::new("", "x", "y").log_x(true).series(Series::line(
+        "",
+        Color::BLUE,
+        vec![(1.5, 1.0), (9.0, 2.0)],
+    ));
+    let fig = Figure::new("", 600, 400).panel(narrow);
+    let (layout, _) = fig.layout(&Metrics::new(fig.size()), 0.0);
+    let labels: Vec<&str> = layout[0].x_ticks.iter().map(|t| t.1.as_str()).collect();
+    assert_eq!(labels, ["2", "5"]);
+}
+
+#[test]
+fn png_decodes_to_size_and_series_are_drawn_in_their_colours() {
     for fig in [latency_scatter(), resource_trace(), pareto()] {
         let (w, h, buf) = decode(&fig.to_png());
         assert_eq!(
             (w, h, buf.len()),
             (fig.width, fig.height, (fig.width * fig.height * 3) as usize)
         );
+        // The title is rendered from the embedded font: dark pixels in the top band.
+        let band = &buf[..(w * 24 * 3) as usize];
+        assert!(band.chunks(3).any(|p| p.iter().all(|c| *c < 128)));
     }
     let fig = latency_scatter();
-    let l = &fig.layout(&fig.metrics())[0];
-    let (w, _, buf) = decode(&fig.to_png());
-    let at = |(x, y): Pt| {
-        let i = (l.ys.map(y) as usize * w as usize + l.xs.map(x) as usize) * 3;
-        Color(buf[i], buf[i + 1], buf[i + 2])
-    };
+    let (buf, placed) = fig.pixels().unwrap();
+    let (w, l) = (fig.width, &placed[0]);
     // The flagged series is drawn last, so its centres are red; the other points blue.
     let series = &fig.panels[0].series;
     for p in &series[1].points {
-        assert_eq!(at(*p), Color::RED, "{p:?}");
+        assert!(colour_near(&buf, w, l.pixel(*p), 0, Color::RED), "{p:?}");
     }
-    for (i, p) in series[0]
-        .points
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 8)
-    {
-        assert_eq!(at(*p), Color::BLUE, "{i}: {p:?}");
+    for (i, p) in series[0].points.iter().enumerate() {
+        if i != 3 && i != 8 {
+            assert!(
+                colour_near(&buf, w, l.pixel(*p), 0, Color::BLUE),
+                "{i}: {p:?}"
+            );
+        }
     }
     // A line passes through its vertices; a step line through its corners.
     let fig = resource_trace();
-    let (l, img) = (&fig.layout(&fig.metrics())[1], fig.raster());
+    let (buf, placed) = fig.pixels().unwrap();
     let p = fig.panels[1].series[0].points[30];
-    assert_eq!(
-        img.pixel(l.xs.map(p.0) as u32, l.ys.map(p.1) as u32),
-        Some(Color::ORANGE)
-    );
+    assert!(colour_near(
+        &buf,
+        fig.width,
+        placed[1].pixel(p),
+        1,
+        Color::ORANGE
+    ));
     let fig = pareto();
-    let (l, img) = (&fig.layout(&fig.metrics())[0], fig.raster());
-    let corner = (
-        fig.panels[0].series[1].points[2].0,
-        fig.panels[0].series[1].points[1].1,
-    );
-    assert_eq!(
-        img.pixel(l.xs.map(corner.0) as u32, l.ys.map(corner.1) as u32),
-        Some(Color::GREEN)
-    );
+    let (buf, placed) = fig.pixels().unwrap();
+    let front = &fig.panels[0].series[1].points;
+    let corner = (front[2].0, front[1].1);
+    assert!(colour_near(
+        &buf,
+        fig.width,
+        placed[0].pixel(corner),
+        1,
+        Color::GREEN
+    ));
 }
 
 #[test]
 fn stacked_panels_share_the_x_axis() {
     let fig = resource_trace();
-    let ls = fig.layout(&fig.metrics());
-    assert_eq!(ls.len(), 2);
-    assert_eq!(
-        (ls[0].xs.lo, ls[0].xs.hi, ls[0].plot.0),
-        (ls[1].xs.lo, ls[1].xs.hi, ls[1].plot.0)
+    let (_, placed) = fig.pixels().unwrap();
+    assert_eq!(placed.len(), 2);
+    let (a, b) = (&placed[0], &placed[1]);
+    assert_eq!((a.xr, a.px), (b.xr, b.px));
+    assert!(!a.x_labels && b.x_labels && a.py.0 < b.py.1, "{a:?} {b:?}");
+    assert!(
+        (a.py.0 - a.py.1 - (b.py.0 - b.py.1)).abs() <= 2,
+        "{a:?} {b:?}"
     );
-    assert!(!ls[0].show_x_labels && ls[1].show_x_labels && ls[0].plot.3 < ls[1].plot.1);
 }
 
 #[test]
@@ -319,11 +369,13 @@ fn degenerate_inputs_do_not_panic() {
     let panels = vec![
         Panel::new("", "", ""),
         p("").series(Series::line("", Color::BLUE, vec![])),
+        p("empty").series(Series::scatter("empty", Color::BLUE, vec![])),
         p("one").series(Series::line("one", Color::BLUE, vec![(1.0, 1.0)])),
         p("flat").series(Series::scatter("flat", Color::RED, vec![(2.0, 0.0); 5])),
         p("nan").series(Series::line("nan", Color::GREEN, nan)),
         p("huge")
-            .series(Series::scatter("huge", Color::BLUE, huge))
+            .series(Series::scatter("huge", Color::BLUE, huge.clone()))
+            .series(Series::line("huge line", Color::RED, huge))
             .vline(1e307, "far"),
         p("tiny").series(Series::step("tiny", Color::BLUE, tiny)),
         p("log").log_x(true).series(Series::scatter(
