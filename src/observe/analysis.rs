@@ -168,11 +168,35 @@ pub fn right_size(points: &[(f64, f64)], tolerance: f64) -> Option<(usize, usize
     Some((best, chosen))
 }
 
-/// Keys whose values differ between two configs, as `(key, a, b)` (flattened dotted paths).
+/// Flatten a config into `(key, value)` pairs with keys in `--set` syntax
+/// (`stages[0].epochs`), so a difference can be pasted back as an override.
+pub fn flatten_set_keys(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten_set_keys(&key, x, out);
+            }
+        }
+        serde_json::Value::Array(a) if a.iter().any(|x| x.is_object() || x.is_array()) => {
+            for (i, x) in a.iter().enumerate() {
+                flatten_set_keys(&format!("{prefix}[{i}]"), x, out);
+            }
+        }
+        serde_json::Value::String(s) => out.push((prefix.to_string(), s.clone())),
+        other => out.push((prefix.to_string(), other.to_string())),
+    }
+}
+
+/// Keys whose values differ between two configs, as `(key, a, b)` (keys in `--set` syntax).
 pub fn config_diff(a: &serde_json::Value, b: &serde_json::Value) -> Vec<(String, String, String)> {
     let (mut fa, mut fb) = (Vec::new(), Vec::new());
-    super::mlflow::flatten("", a, &mut fa);
-    super::mlflow::flatten("", b, &mut fb);
+    flatten_set_keys("", a, &mut fa);
+    flatten_set_keys("", b, &mut fb);
     let ma: std::collections::BTreeMap<String, String> = fa.into_iter().collect();
     let mb: std::collections::BTreeMap<String, String> = fb.into_iter().collect();
     let mut keys: Vec<&String> = ma.keys().chain(mb.keys()).collect();
