@@ -82,7 +82,7 @@ pub enum ClientError {
         addr: SocketAddr,
         /// Why.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: Box<hyper_util::client::legacy::Error>,
     },
     /// Sending the request or reading the response head failed.
     #[error("{method} {url}: the exchange with {addr} failed")]
@@ -95,7 +95,7 @@ pub enum ClientError {
         addr: SocketAddr,
         /// Why.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: Box<hyper_util::client::legacy::Error>,
     },
     /// Reading the response body failed.
     #[error("{method} {url}: reading the response body from {addr} failed")]
@@ -337,14 +337,14 @@ impl HttpClient {
                         method: method.to_string(),
                         url: url.clone(),
                         addr,
-                        source,
+                        source: Box::new(source),
                     }
                 } else {
                     ClientError::Request {
                         method: method.to_string(),
                         url: url.clone(),
                         addr,
-                        source,
+                        source: Box::new(source),
                     }
                 }
             })?;

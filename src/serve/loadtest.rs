@@ -40,7 +40,7 @@ pub enum LoadtestError {
         url: String,
         /// Why.
         #[source]
-        source: ClientError,
+        source: Box<ClientError>,
     },
     /// The metadata request was answered with an error.
     #[error("GET {path}: HTTP {status}: {body}")]
@@ -316,7 +316,7 @@ pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, Loadte
         .await
         .map_err(|source| LoadtestError::Unreachable {
             url: cfg.url.clone(),
-            source,
+            source: Box::new(source),
         })?;
     if meta.status != 200 {
         return Err(LoadtestError::Metadata {

@@ -322,6 +322,9 @@ struct Exposition(Arc<Values>);
 
 type Labels = Vec<(&'static str, String)>;
 
+/// Selects one of a version's histograms.
+type PickHistogram = fn(&VersionMetrics) -> &Histogram;
+
 fn version_labels(model: &str, version: u64) -> Labels {
     vec![
         ("model", model.to_string()),
@@ -432,7 +435,7 @@ impl Collector for Exposition {
             "Batches executed; inference_count / exec_count is the average batch size.",
             per_version(&|vm| vm.exec_count.load(Relaxed)),
         )?;
-        let histograms: [(&str, &str, fn(&VersionMetrics) -> &Histogram); 4] = [
+        let histograms: [(&str, &str, PickHistogram); 4] = [
             (
                 "kiln_inference_queue_duration_seconds",
                 "Time a request waited in the batcher's queue.",
