@@ -210,6 +210,32 @@ async fn metrics_text(c: &mut HttpClient) -> String {
     r.text()
 }
 
+/// Wait until `cond` holds, at most `limit`; panics naming `what` otherwise.
+async fn poll_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Requests waiting in the queue of `model` (read from the server's metrics directly).
+fn queued(h: &ServerHandle, model: &str) -> usize {
+    h.metrics()
+        .model(model)
+        .queue_depth
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Requests of `model` version `version` answered successfully so far.
+fn answered(metrics: &kiln::serve::Metrics, model: &str, version: u64) -> u64 {
+    metrics
+        .model(model)
+        .version(version)
+        .success
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn client(h: &ServerHandle) -> HttpClient {
     HttpClient::new(h.addr).with_timeout(Duration::from_secs(20))
 }
@@ -641,7 +667,9 @@ async fn every_error_path_names_the_problem() {
 async fn concurrent_requests_are_batched_and_answered_exactly() {
     let repo = repository();
     let mut cfg = config(repo.path());
-    cfg.batcher.max_queue_delay = Duration::from_millis(30);
+    // Long enough that all 24 requests reach the queue within one delay even on a loaded
+    // machine, so batching cannot be missed because the clients were slow to start.
+    cfg.batcher.max_queue_delay = Duration::from_millis(500);
     let h = serve(cfg).await;
     let addr = h.addr;
     let n = 24;
@@ -691,7 +719,10 @@ async fn a_batch_launches_when_full_or_when_its_oldest_request_has_waited() {
     let repo = repository();
     let mut cfg = config(repo.path());
     cfg.batcher.max_batch_size = 8;
-    cfg.batcher.max_queue_delay = Duration::from_millis(150);
+    // A delay far above scheduling noise on a loaded machine: a lone request must take at
+    // least this long, and a full batch must come back well before it.
+    let delay = Duration::from_millis(1000);
+    cfg.batcher.max_queue_delay = delay;
     let h = serve(cfg).await;
     let mut c = client(&h);
     // A lone request waits the delay, and not much longer.
@@ -705,9 +736,55 @@ async fn a_batch_launches_when_full_or_when_its_oldest_request_has_waited() {
         .unwrap();
     let waited = t0.elapsed();
     assert_eq!(r.status, 200);
+    assert!(waited >= delay && waited < 2 * delay, "{waited:?}");
+    // The oldest request sets the launch: a second request queued behind it shares its
+    // batch (one batch of 2 rows) and so waits less than the delay.
+    let addr = h.addr;
+    let first = tokio::spawn(async move {
+        let t = Instant::now();
+        let r = HttpClient::new(addr)
+            .post_json(
+                "/v2/models/tiny/infer",
+                &json_request(&rows(1, 1), false, None),
+            )
+            .await
+            .unwrap();
+        (r.status, t.elapsed())
+    });
+    poll_until("the first request is queued", delay / 2, || {
+        queued(&h, "tiny") == 1
+    })
+    .await;
+    let t1 = Instant::now();
+    let r = c
+        .post_json(
+            "/v2/models/tiny/infer",
+            &json_request(&rows(1, 2), false, None),
+        )
+        .await
+        .unwrap();
+    let second = t1.elapsed();
+    assert_eq!(r.status, 200);
+    let (status, first) = first.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(first >= delay, "the oldest request waited only {first:?}");
     assert!(
-        waited >= Duration::from_millis(150) && waited < Duration::from_millis(400),
-        "{waited:?}"
+        second < first,
+        "the second request ({second:?}) did not ride with the oldest ({first:?})"
+    );
+    let text = metrics_text(&mut c).await;
+    let l = "model=\"tiny\",version=\"1\"";
+    assert_eq!(
+        sample(&text, &format!("kiln_inference_exec_count_total{{{l}}}")),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!("kiln_inference_batch_size_bucket{{{l},le=\"1\"}}")
+        ),
+        Some(1.0),
+        "the two requests were not one batch"
     );
     // A full batch does not wait.
     let t0 = Instant::now();
@@ -720,7 +797,7 @@ async fn a_batch_launches_when_full_or_when_its_oldest_request_has_waited() {
         .unwrap();
     assert_eq!(r.status, 200);
     assert!(
-        t0.elapsed() < Duration::from_millis(100),
+        t0.elapsed() < delay / 2,
         "a full batch waited {:?}",
         t0.elapsed()
     );
@@ -758,7 +835,9 @@ async fn a_full_queue_answers_503_at_once_and_timeouts_answer_503() {
     let repo = repository();
     let mut cfg = config(repo.path());
     cfg.batcher.max_queue_size = 2;
-    cfg.batcher.max_queue_delay = Duration::from_millis(600);
+    // The queued requests wait this long; the refusal must come before they are served.
+    let delay = Duration::from_millis(2000);
+    cfg.batcher.max_queue_delay = delay;
     let h = serve(cfg).await;
     let addr = h.addr;
     let x = rows(1, 3);
@@ -774,7 +853,10 @@ async fn a_full_queue_answers_503_at_once_and_timeouts_answer_503() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    poll_until("two requests are queued", delay / 2, || {
+        queued(&h, "tiny") == 2
+    })
+    .await;
     let text = metrics_text(&mut client(&h)).await;
     assert_eq!(sample(&text, "kiln_queue_depth{model=\"tiny\"}"), Some(2.0));
     let t0 = Instant::now();
@@ -789,11 +871,13 @@ async fn a_full_queue_answers_503_at_once_and_timeouts_answer_503() {
             .unwrap()
             .contains("queue of model `tiny` is full")
     );
+    // Refused at once: before the queued requests were served (they wait the delay).
     assert!(
-        t0.elapsed() < Duration::from_millis(150),
-        "refused after {:?}",
+        waiting.iter().all(|w| !w.is_finished()) && queued(&h, "tiny") == 2,
+        "refused only after {:?}, when the queue had been served",
         t0.elapsed()
     );
+    assert!(t0.elapsed() < delay, "refused after {:?}", t0.elapsed());
     for w in waiting {
         assert_eq!(w.await.unwrap().status, 200);
     }
@@ -808,21 +892,34 @@ async fn a_full_queue_answers_503_at_once_and_timeouts_answer_503() {
     h.shutdown().await.unwrap();
 
     // A request that cannot be answered within its deadline gets 503.
+    // The batch would launch only after the delay; the deadline comes first.
     let mut cfg = config(repo.path());
-    cfg.batcher.max_queue_delay = Duration::from_millis(800);
-    cfg.request_timeout = Duration::from_millis(100);
+    let delay = Duration::from_millis(3000);
+    let timeout = Duration::from_millis(100);
+    cfg.batcher.max_queue_delay = delay;
+    cfg.request_timeout = timeout;
     let h = serve(cfg).await;
     let t0 = Instant::now();
     let r = client(&h)
         .post_json("/v2/models/tiny/infer", &body)
         .await
         .unwrap();
+    let took = t0.elapsed();
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.json()["error"].as_str().unwrap().contains("timed out"));
     assert!(
-        t0.elapsed() < Duration::from_millis(400),
-        "{:?}",
-        t0.elapsed()
+        took >= timeout && took < delay,
+        "answered after {took:?}: not at the {timeout:?} deadline"
+    );
+    // Answered while the request still sat in the queue, not when its batch was due.
+    assert_eq!(queued(&h, "tiny"), 1);
+    let text = metrics_text(&mut client(&h)).await;
+    assert_eq!(
+        sample(
+            &text,
+            "kiln_inference_request_failure_total{model=\"tiny\",version=\"1\",reason=\"timeout\"}"
+        ),
+        Some(1.0)
     );
     h.shutdown().await.unwrap();
 }
@@ -855,11 +952,23 @@ async fn hot_swap_under_load_fails_no_request() {
             (x, seen)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // Swap once the load is running on version 1, stop once version 2 has served some.
+    let metrics = h.metrics().clone();
+    poll_until(
+        "version 1 answers under load",
+        Duration::from_secs(30),
+        || answered(&metrics, "tiny", 1) >= 20,
+    )
+    .await;
     export_variant(&repo.path().join("tiny").join("2"), 0.25);
     let report = h.reload().await;
     assert_eq!(report.loaded, vec![("tiny".to_string(), 2)], "{report:?}");
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    poll_until(
+        "version 2 answers under load",
+        Duration::from_secs(30),
+        || answered(&metrics, "tiny", 2) >= 20,
+    )
+    .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut p1 = predictor(trained());
     let mut p2 = predictor(&repo.path().join("tiny").join("2"));
@@ -923,7 +1032,10 @@ async fn a_request_in_flight_finishes_on_the_old_version() {
             .await
             .unwrap()
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    poll_until("the request is queued", Duration::from_millis(600), || {
+        queued(&h, "tiny") == 1
+    })
+    .await;
     export_variant(&repo.path().join("tiny").join("2"), 0.5);
     let report = h.reload().await;
     assert_eq!(report.loaded, vec![("tiny".to_string(), 2)]);
@@ -1093,12 +1205,15 @@ async fn a_model_without_a_loadable_version_is_not_ready() {
 async fn graceful_shutdown_finishes_requests_in_flight() {
     let repo = repository();
     let mut cfg = config(repo.path());
-    cfg.batcher.max_queue_delay = Duration::from_millis(400);
+    let delay = Duration::from_millis(400);
+    cfg.batcher.max_queue_delay = delay;
     let h = serve(cfg).await;
     let addr = h.addr;
+    let metrics = h.metrics().clone();
     let x = rows(1, 5);
     let want = predictor(trained()).predict(&x, 1).unwrap();
     let body = json_request(&x, false, None);
+    let sent = Instant::now();
     let in_flight: Vec<_> = (0..3)
         .map(|_| {
             let b = body.clone();
@@ -1109,14 +1224,19 @@ async fn graceful_shutdown_finishes_requests_in_flight() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let t0 = Instant::now();
+    poll_until("three requests are queued", Duration::from_secs(10), || {
+        queued(&h, "tiny") == 3
+    })
+    .await;
+    assert_eq!(answered(&metrics, "tiny", 1), 0);
     h.shutdown().await.unwrap();
+    // Shutdown returned only after the queued batch was due and its requests answered.
     assert!(
-        t0.elapsed() >= Duration::from_millis(200),
+        sent.elapsed() >= delay,
         "shutdown did not wait: {:?}",
-        t0.elapsed()
+        sent.elapsed()
     );
+    assert_eq!(answered(&metrics, "tiny", 1), 3, "shutdown did not wait");
     for r in in_flight {
         let r = r
             .await
@@ -1193,13 +1313,25 @@ async fn sigterm_drains_and_exits_zero() {
     }
     let x = rows(1, 6);
     let body = json_request(&x, false, None);
+    let sent = Instant::now();
     let req = tokio::spawn(async move {
         HttpClient::new(addr)
             .post_json("/v2/models/tiny/infer", &body)
             .await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let t1 = Instant::now();
+    // SIGTERM once the request is queued (its batch is due 400 ms after it arrived).
+    let t0 = Instant::now();
+    while sample(
+        &metrics_text(&mut c).await,
+        "kiln_queue_depth{model=\"tiny\"}",
+    ) != Some(1.0)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the request was not queued"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     // SAFETY: sending a signal to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let r = req.await.unwrap().expect("in-flight request answered");
@@ -1208,8 +1340,9 @@ async fn sigterm_drains_and_exits_zero() {
     assert_eq!(outputs(&r).0, predictor(&v2).predict(&x, 1).unwrap().mean);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "exit status after SIGTERM");
+    // The request was queued when SIGTERM came; it was answered when its batch was due.
     assert!(
-        t1.elapsed() >= Duration::from_millis(200),
+        sent.elapsed() >= Duration::from_millis(400),
         "exited without waiting for the request"
     );
 }
@@ -1435,13 +1568,10 @@ async fn load_generator_reports_throughput_and_refuses_other_hosts() {
 
     // Errors are counted by status: an unknown model is refused before any load is sent.
     cfg.model = "nope".into();
-    assert!(run_loadtest(&cfg).await.unwrap_err().contains("404"));
+    let e = run_loadtest(&cfg).await.unwrap_err().to_string();
+    assert!(e.contains("404"), "{e}");
     cfg.url = "http://192.168.1.1:8000".into();
-    assert!(
-        run_loadtest(&cfg)
-            .await
-            .unwrap_err()
-            .contains("not a loopback")
-    );
+    let e = run_loadtest(&cfg).await.unwrap_err().to_string();
+    assert!(e.contains("not a loopback"), "{e}");
     h.shutdown().await.unwrap();
 }

@@ -63,14 +63,11 @@ pub fn run(args: &LoadtestArgs) -> CliResult {
         max_requests: args.max_requests,
         timeout: Duration::from_millis(args.timeout_ms.max(1)),
     };
-    kiln::serve::client::BaseUrl::parse(&cfg.url)
-        .map_err(|e| CliError::input(anyhow::anyhow!(e)))?;
+    kiln::serve::client::BaseUrl::parse(&cfg.url).map_err(CliError::input)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let report = rt
-        .block_on(run_loadtest(&cfg))
-        .map_err(|e| CliError::from(anyhow::anyhow!(e)))?;
+    let report = rt.block_on(run_loadtest(&cfg))?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

@@ -11,7 +11,62 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::client::{BaseUrl, HttpClient};
+use super::client::{BaseUrl, ClientError, HttpClient, UrlError};
+
+/// Why a load test could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadtestError {
+    /// No connections or no rows.
+    #[error("--concurrency is {concurrency} and --batch is {batch}; both must be at least 1")]
+    Size {
+        /// Connections asked for.
+        concurrency: usize,
+        /// Rows per request asked for.
+        batch: usize,
+    },
+    /// A negative or non-finite rate.
+    #[error("--rps is {0}; expected a rate >= 0 (0: closed loop)")]
+    Rate(f64),
+    /// A duration outside (0, 3600] seconds.
+    #[error("--duration is {0:?}; expected between 0 and 3600 seconds")]
+    Duration(Duration),
+    /// The URL is not a loopback `http://` URL.
+    #[error(transparent)]
+    Url(#[from] UrlError),
+    /// The server did not answer the metadata request.
+    #[error("cannot reach {url}")]
+    Unreachable {
+        /// The base URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: Box<ClientError>,
+    },
+    /// The metadata request was answered with an error.
+    #[error("GET {path}: HTTP {status}: {body}")]
+    Metadata {
+        /// The metadata path.
+        path: String,
+        /// The status.
+        status: u16,
+        /// The response body.
+        body: String,
+    },
+    /// The model's metadata lacks what a request needs.
+    #[error("model metadata: {0}")]
+    BadMetadata(&'static str),
+    /// An input datatype the generator cannot encode in binary.
+    #[error("input `{input}`: datatype {datatype} is not supported by the load generator")]
+    Datatype {
+        /// The input.
+        input: String,
+        /// Its datatype.
+        datatype: String,
+    },
+    /// A connection task panicked or was cancelled.
+    #[error("a load task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
 
 /// Load generator settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -109,12 +164,14 @@ impl Latency {
     }
 }
 
+/// [`crate::util::percentile`] (nearest rank), reported as 0 for an empty sample so the
+/// JSON report stays numeric.
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
-        return 0.0;
+        0.0
+    } else {
+        crate::util::percentile(sorted, q)
     }
-    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
 }
 
 /// A deterministic value stream for request data.
@@ -138,7 +195,7 @@ pub fn request_body(
     config: &Value,
     batch: usize,
     binary: bool,
-) -> Result<(Vec<u8>, Option<usize>), String> {
+) -> Result<(Vec<u8>, Option<usize>), LoadtestError> {
     let mut rng = Rng(7);
     let stats: Vec<(f64, f64)> = config["kiln"]["features"]
         .as_array()
@@ -157,13 +214,17 @@ pub fn request_body(
     let mut raw = Vec::new();
     for inp in meta["inputs"]
         .as_array()
-        .ok_or("model metadata has no inputs")?
+        .ok_or(LoadtestError::BadMetadata("it has no inputs"))?
     {
-        let name = inp["name"].as_str().ok_or("input without name")?;
-        let dt = inp["datatype"].as_str().ok_or("input without datatype")?;
+        let name = inp["name"]
+            .as_str()
+            .ok_or(LoadtestError::BadMetadata("an input has no name"))?;
+        let dt = inp["datatype"]
+            .as_str()
+            .ok_or(LoadtestError::BadMetadata("an input has no datatype"))?;
         let shape: Vec<usize> = inp["shape"]
             .as_array()
-            .ok_or("input without shape")?
+            .ok_or(LoadtestError::BadMetadata("an input has no shape"))?
             .iter()
             .enumerate()
             .map(|(i, d)| match d.as_i64() {
@@ -203,9 +264,10 @@ pub fn request_body(
                     "INT64" => raw.extend_from_slice(&(v as i64).to_le_bytes()),
                     "BOOL" => raw.push(v as u8),
                     other => {
-                        return Err(format!(
-                            "input `{name}`: datatype {other} is not supported by the load generator"
-                        ));
+                        return Err(LoadtestError::Datatype {
+                            input: name.to_string(),
+                            datatype: other.to_string(),
+                        });
                     }
                 }
             }
@@ -235,18 +297,18 @@ pub fn request_body(
 }
 
 /// Run a load test and report.
-pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, String> {
+pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, LoadtestError> {
     if cfg.concurrency == 0 || cfg.batch == 0 {
-        return Err("--concurrency and --batch must be at least 1".into());
+        return Err(LoadtestError::Size {
+            concurrency: cfg.concurrency,
+            batch: cfg.batch,
+        });
     }
     if !(cfg.rps >= 0.0 && cfg.rps.is_finite()) {
-        return Err(format!(
-            "--rps is {}; expected a rate >= 0 (0: closed loop)",
-            cfg.rps
-        ));
+        return Err(LoadtestError::Rate(cfg.rps));
     }
     if cfg.duration.is_zero() || cfg.duration > Duration::from_secs(3600) {
-        return Err("--duration must be between 0 and 3600 seconds".into());
+        return Err(LoadtestError::Duration(cfg.duration));
     }
     let base = BaseUrl::parse(&cfg.url)?;
     let model_path = format!("{}/v2/models/{}", base.prefix, cfg.model);
@@ -254,13 +316,16 @@ pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, String
     let meta = probe
         .get(&model_path)
         .await
-        .map_err(|e| format!("cannot reach {}: {e}", cfg.url))?;
+        .map_err(|source| LoadtestError::Unreachable {
+            url: cfg.url.clone(),
+            source: Box::new(source),
+        })?;
     if meta.status != 200 {
-        return Err(format!(
-            "GET {model_path}: HTTP {}: {}",
-            meta.status,
-            meta.text()
-        ));
+        return Err(LoadtestError::Metadata {
+            path: model_path,
+            status: meta.status,
+            body: meta.text(),
+        });
     }
     let config = probe
         .get(&format!("{model_path}/config"))
@@ -348,7 +413,7 @@ pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, String
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let (mut late, mut sent, mut last) = (0, 0, t0);
     for t in tasks {
-        let (l, sv, e, lt, s, ls) = t.await.map_err(|e| format!("a load task failed: {e}"))?;
+        let (l, sv, e, lt, s, ls) = t.await.map_err(LoadtestError::Task)?;
         lat.extend(l);
         svc.extend(sv);
         for (k, v) in e {

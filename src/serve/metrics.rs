@@ -6,12 +6,33 @@
 //! the average batch size —, queue, compute and request-duration histograms, and a batch-size
 //! histogram. Per model: queue depth, loaded version, readiness, reloads and reload failures.
 //! Per server: responses of the infer route by HTTP status.
+//!
+//! The values live in atomics that the request path bumps without locks; the exposition is
+//! written by the `prometheus-client` crate: a [`Registry`] holds one collector that reads
+//! the atomics at scrape time, and `prometheus_client::encoding::prometheus_text` writes the
+//! Prometheus text format (0.0.4). Two details keep the output identical to kiln's earlier
+//! hand-written exposition:
+//!
+//! - Counters are described by their base name (`kiln_model_reloads`); the Prometheus text
+//!   encoder appends `_total` to the HELP, TYPE and sample lines.
+//! - The encoder writes histogram bounds as Go does (`le="5e-05"`); kiln has always written
+//!   the shortest decimal (`le="0.00005"`), so [`Metrics::render`] rewrites each `le` value
+//!   to that form (the same number, so only the spelling of the two sub-0.1 ms bounds
+//!   changes back).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet, prometheus_text,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 
 /// Duration buckets in microseconds (rendered in seconds).
 const DURATION_BOUNDS_US: [u64; 18] = [
@@ -66,24 +87,17 @@ impl Histogram {
         self.count.load(Relaxed)
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cum = 0;
-        for (b, n) in self.bounds.iter().zip(&self.buckets) {
-            cum += n.load(Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{}\"}} {cum}",
-                *b as f64 / self.scale
-            );
-        }
-        let count = self.count.load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{labels}}} {}",
-            self.sum.load(Relaxed) as f64 / self.scale
-        );
-        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+    /// Encode as one histogram series: `(upper bound, observations in that bucket alone)`
+    /// pairs (the encoder accumulates them and adds `+Inf` from the count).
+    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+        let buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .zip(&self.buckets)
+            .map(|(b, n)| (*b as f64 / self.scale, n.load(Relaxed)))
+            .collect();
+        let sum = self.sum.load(Relaxed) as f64 / self.scale;
+        encoder.encode_histogram::<NoLabelSet>(sum, self.count.load(Relaxed), &buckets, None)
     }
 }
 
@@ -211,17 +225,34 @@ impl ModelMetrics {
     }
 }
 
-/// All metrics of a server.
+/// The values behind the exposition, shared by [`Metrics`] and its collector.
 #[derive(Debug, Default)]
-pub struct Metrics {
+struct Values {
     models: Mutex<BTreeMap<String, Arc<ModelMetrics>>>,
     infer_codes: Mutex<BTreeMap<u16, u64>>,
+}
+
+/// All metrics of a server.
+#[derive(Debug)]
+pub struct Metrics {
+    values: Arc<Values>,
+    registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let values = Arc::new(Values::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Exposition(values.clone())));
+        Self { values, registry }
+    }
 }
 
 impl Metrics {
     /// The metrics of a model (created on first use).
     pub fn model(&self, name: &str) -> Arc<ModelMetrics> {
-        self.models
+        self.values
+            .models
             .lock()
             .expect("metrics lock")
             .entry(name.to_string())
@@ -232,6 +263,7 @@ impl Metrics {
     /// Count a response of the infer route.
     pub fn infer_response(&self, code: u16) {
         *self
+            .values
             .infer_codes
             .lock()
             .expect("metrics lock")
@@ -239,9 +271,103 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    /// Prometheus text exposition.
+    /// Prometheus text exposition (format 0.0.4, served as
+    /// `text/plain; version=0.0.4; charset=utf-8`).
     pub fn render(&self) -> String {
+        let mut out = String::with_capacity(8192);
+        // The collector only fails when its writer does, and a String never does.
+        prometheus_text::encode(&mut out, &self.registry)
+            .expect("the metrics exposition writes to a String");
+        decimal_bucket_bounds(&out)
+    }
+}
+
+/// Rewrite the `le="…"` bound of every bucket line that the encoder spelled in exponent
+/// form (`5e-05`) as the shortest decimal (`0.00005`), the spelling kiln's series have
+/// always had. `le` is the last label of a bucket sample, so the last `le="` of the line is
+/// it (label values are escaped, so a value cannot end one early).
+fn decimal_bucket_bounds(text: &str) -> String {
+    const KEY: &str = "le=\"";
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let bucket = line
+            .split('{')
+            .next()
+            .is_some_and(|name| name.ends_with("_bucket"));
+        let bound = line.rfind(KEY).map(|i| i + KEY.len()).and_then(|start| {
+            let len = line[start..].find('"')?;
+            Some((start, start + len))
+        });
+        match bound {
+            Some((start, end)) if bucket && line[start..end].contains(['e', 'E']) => {
+                match line[start..end].parse::<f64>() {
+                    Ok(v) if v.is_finite() => {
+                        out.push_str(&line[..start]);
+                        out.push_str(&v.to_string());
+                        out.push_str(&line[end..]);
+                    }
+                    _ => out.push_str(line),
+                }
+            }
+            _ => out.push_str(line),
+        }
+    }
+    out
+}
+
+/// The collector: reads the atomics at scrape time, in a fixed family order, series sorted
+/// by model, version, reason and status code.
+#[derive(Debug)]
+struct Exposition(Arc<Values>);
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Selects one of a version's histograms.
+type PickHistogram = fn(&VersionMetrics) -> &Histogram;
+
+fn version_labels(model: &str, version: u64) -> Labels {
+    vec![
+        ("model", model.to_string()),
+        ("version", version.to_string()),
+    ]
+}
+
+fn model_labels(model: &str) -> Labels {
+    vec![("model", model.to_string())]
+}
+
+/// Write one counter family.
+fn counters(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels, u64)>,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in series {
+        ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// Write one gauge family.
+fn gauges(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels, i64)>,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in series {
+        ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let models: Vec<(String, Arc<ModelMetrics>)> = self
+            .0
             .models
             .lock()
             .expect("metrics lock")
@@ -259,199 +385,140 @@ impl Metrics {
                     .collect::<Vec<_>>()
             })
             .collect();
-        let mut out = String::with_capacity(8192);
-        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
+        let e = &mut encoder;
+        let per_version = |f: &dyn Fn(&VersionMetrics) -> u64| {
+            versions
+                .iter()
+                .map(|(m, v, vm)| (version_labels(m, *v), f(vm)))
+                .collect::<Vec<_>>()
         };
-        let vlabels = |m: &str, v: u64| format!("model=\"{}\",version=\"{v}\"", escape(m));
-        let mlabels = |m: &str| format!("model=\"{}\"", escape(m));
 
-        family(
-            &mut out,
-            "kiln_inference_request_success_total",
-            "counter",
+        counters(
+            e,
+            "kiln_inference_request_success",
             "Inference requests answered successfully.",
-        );
-        for (m, v, vm) in &versions {
-            let _ = writeln!(
-                out,
-                "kiln_inference_request_success_total{{{}}} {}",
-                vlabels(m, *v),
-                vm.success.load(Relaxed)
-            );
-        }
-        family(
-            &mut out,
-            "kiln_inference_request_failure_total",
-            "counter",
+            per_version(&|vm| vm.success.load(Relaxed)),
+        )?;
+        let failures = versions
+            .iter()
+            .flat_map(|(m, v, vm)| {
+                Failure::ALL
+                    .into_iter()
+                    .filter(|f| *f != Failure::NotReady)
+                    .map(|f| {
+                        let mut l = version_labels(m, *v);
+                        l.push(("reason", f.label().to_string()));
+                        (l, vm.failures(f))
+                    })
+            })
+            .chain(models.iter().map(|(m, mm)| {
+                let mut l = model_labels(m);
+                l.push(("version", "none".to_string()));
+                l.push(("reason", Failure::NotReady.label().to_string()));
+                (l, mm.not_ready.load(Relaxed))
+            }));
+        counters(
+            e,
+            "kiln_inference_request_failure",
             "Inference requests that failed, by reason (not_ready: no version was ready).",
-        );
-        for (m, v, vm) in &versions {
-            for f in Failure::ALL {
-                if f != Failure::NotReady {
-                    let _ = writeln!(
-                        out,
-                        "kiln_inference_request_failure_total{{{},reason=\"{}\"}} {}",
-                        vlabels(m, *v),
-                        f.label(),
-                        vm.failures(f)
-                    );
-                }
-            }
-        }
-        for (m, mm) in &models {
-            let _ = writeln!(
-                out,
-                "kiln_inference_request_failure_total{{{},version=\"none\",reason=\"not_ready\"}} {}",
-                mlabels(m),
-                mm.not_ready.load(Relaxed)
-            );
-        }
-        family(
-            &mut out,
-            "kiln_inference_count_total",
-            "counter",
+            failures,
+        )?;
+        counters(
+            e,
+            "kiln_inference_count",
             "Rows inferred (batch sizes summed).",
-        );
-        for (m, v, vm) in &versions {
-            let _ = writeln!(
-                out,
-                "kiln_inference_count_total{{{}}} {}",
-                vlabels(m, *v),
-                vm.inference_count.load(Relaxed)
-            );
-        }
-        family(
-            &mut out,
-            "kiln_inference_exec_count_total",
-            "counter",
+            per_version(&|vm| vm.inference_count.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "kiln_inference_exec_count",
             "Batches executed; inference_count / exec_count is the average batch size.",
-        );
-        for (m, v, vm) in &versions {
-            let _ = writeln!(
-                out,
-                "kiln_inference_exec_count_total{{{}}} {}",
-                vlabels(m, *v),
-                vm.exec_count.load(Relaxed)
-            );
-        }
-        for (name, help, pick) in [
+            per_version(&|vm| vm.exec_count.load(Relaxed)),
+        )?;
+        let histograms: [(&str, &str, PickHistogram); 4] = [
             (
                 "kiln_inference_queue_duration_seconds",
                 "Time a request waited in the batcher's queue.",
-                0,
+                |vm| &vm.queue,
             ),
             (
                 "kiln_inference_compute_duration_seconds",
                 "Time a batch took to compute.",
-                1,
+                |vm| &vm.compute,
             ),
             (
                 "kiln_inference_request_duration_seconds",
                 "Time from a parsed request to its encoded response.",
-                2,
+                |vm| &vm.request,
             ),
-            ("kiln_inference_batch_size", "Rows per executed batch.", 3),
-        ] {
-            family(&mut out, name, "histogram", help);
+            (
+                "kiln_inference_batch_size",
+                "Rows per executed batch.",
+                |vm| &vm.batch_size,
+            ),
+        ];
+        for (name, help, pick) in histograms {
+            let mut family = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
             for (m, v, vm) in &versions {
-                let h = match pick {
-                    0 => &vm.queue,
-                    1 => &vm.compute,
-                    2 => &vm.request,
-                    _ => &vm.batch_size,
-                };
-                h.render(&mut out, name, &vlabels(m, *v));
+                let labels = version_labels(m, *v);
+                pick(vm).encode(family.encode_family(&labels)?)?;
             }
         }
-        family(
-            &mut out,
+        let per_model = |f: &dyn Fn(&ModelMetrics) -> i64| {
+            models
+                .iter()
+                .map(|(m, mm)| (model_labels(m), f(mm)))
+                .collect::<Vec<_>>()
+        };
+        gauges(
+            e,
             "kiln_queue_depth",
-            "gauge",
             "Requests waiting in the model's queue.",
-        );
-        for (m, mm) in &models {
-            let _ = writeln!(
-                out,
-                "kiln_queue_depth{{{}}} {}",
-                mlabels(m),
-                mm.queue_depth.load(Relaxed)
-            );
-        }
-        family(
-            &mut out,
+            per_model(&|mm| mm.queue_depth.load(Relaxed) as i64),
+        )?;
+        gauges(
+            e,
             "kiln_model_loaded_version",
-            "gauge",
             "The version being served (-1: none).",
-        );
-        for (m, mm) in &models {
-            let _ = writeln!(
-                out,
-                "kiln_model_loaded_version{{{}}} {}",
-                mlabels(m),
-                mm.loaded_version.load(Relaxed)
-            );
-        }
-        family(
-            &mut out,
+            per_model(&|mm| mm.loaded_version.load(Relaxed)),
+        )?;
+        gauges(
+            e,
             "kiln_model_ready",
-            "gauge",
             "1 when a version is loaded, warmed and serving.",
-        );
-        for (m, mm) in &models {
-            let _ = writeln!(
-                out,
-                "kiln_model_ready{{{}}} {}",
-                mlabels(m),
-                mm.ready.load(Relaxed) as u8
-            );
-        }
-        family(
-            &mut out,
-            "kiln_model_reloads_total",
-            "counter",
+            per_model(&|mm| i64::from(mm.ready.load(Relaxed))),
+        )?;
+        counters(
+            e,
+            "kiln_model_reloads",
             "Versions loaded, warmed and swapped in.",
-        );
-        for (m, mm) in &models {
-            let _ = writeln!(
-                out,
-                "kiln_model_reloads_total{{{}}} {}",
-                mlabels(m),
-                mm.reloads.load(Relaxed)
-            );
-        }
-        family(
-            &mut out,
-            "kiln_model_reload_failures_total",
-            "counter",
+            models
+                .iter()
+                .map(|(m, mm)| (model_labels(m), mm.reloads.load(Relaxed))),
+        )?;
+        counters(
+            e,
+            "kiln_model_reload_failures",
             "Versions rejected because they failed to load or warm up.",
-        );
-        for (m, mm) in &models {
-            let _ = writeln!(
-                out,
-                "kiln_model_reload_failures_total{{{}}} {}",
-                mlabels(m),
-                mm.reload_failures.load(Relaxed)
-            );
-        }
-        family(
-            &mut out,
-            "kiln_infer_responses_total",
-            "counter",
+            models
+                .iter()
+                .map(|(m, mm)| (model_labels(m), mm.reload_failures.load(Relaxed))),
+        )?;
+        let codes: Vec<(Labels, u64)> = self
+            .0
+            .infer_codes
+            .lock()
+            .expect("metrics lock")
+            .iter()
+            .map(|(code, n)| (vec![("code", code.to_string())], *n))
+            .collect();
+        counters(
+            e,
+            "kiln_infer_responses",
             "Responses of the infer route by HTTP status.",
-        );
-        for (code, n) in self.infer_codes.lock().expect("metrics lock").iter() {
-            let _ = writeln!(out, "kiln_infer_responses_total{{code=\"{code}\"}} {n}");
-        }
-        out
+            codes,
+        )
     }
-}
-
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Read one sample from Prometheus text (`name{labels}` exactly as rendered, or a bare
@@ -505,8 +572,269 @@ mod tests {
             Some(3.0)
         );
         assert_eq!(
+            sample(
+                &text,
+                &format!("kiln_inference_queue_duration_seconds_sum{{{l}}}")
+            ),
+            Some(100.00303)
+        );
+        assert_eq!(
             sample(&text, "kiln_model_loaded_version{model=\"a\"}"),
             Some(-1.0)
+        );
+    }
+
+    /// Every family's HELP and TYPE line, in exposition order.
+    const FAMILIES: [(&str, &str, &str); 14] = [
+        (
+            "kiln_inference_request_success_total",
+            "counter",
+            "Inference requests answered successfully.",
+        ),
+        (
+            "kiln_inference_request_failure_total",
+            "counter",
+            "Inference requests that failed, by reason (not_ready: no version was ready).",
+        ),
+        (
+            "kiln_inference_count_total",
+            "counter",
+            "Rows inferred (batch sizes summed).",
+        ),
+        (
+            "kiln_inference_exec_count_total",
+            "counter",
+            "Batches executed; inference_count / exec_count is the average batch size.",
+        ),
+        (
+            "kiln_inference_queue_duration_seconds",
+            "histogram",
+            "Time a request waited in the batcher's queue.",
+        ),
+        (
+            "kiln_inference_compute_duration_seconds",
+            "histogram",
+            "Time a batch took to compute.",
+        ),
+        (
+            "kiln_inference_request_duration_seconds",
+            "histogram",
+            "Time from a parsed request to its encoded response.",
+        ),
+        (
+            "kiln_inference_batch_size",
+            "histogram",
+            "Rows per executed batch.",
+        ),
+        (
+            "kiln_queue_depth",
+            "gauge",
+            "Requests waiting in the model's queue.",
+        ),
+        (
+            "kiln_model_loaded_version",
+            "gauge",
+            "The version being served (-1: none).",
+        ),
+        (
+            "kiln_model_ready",
+            "gauge",
+            "1 when a version is loaded, warmed and serving.",
+        ),
+        (
+            "kiln_model_reloads_total",
+            "counter",
+            "Versions loaded, warmed and swapped in.",
+        ),
+        (
+            "kiln_model_reload_failures_total",
+            "counter",
+            "Versions rejected because they failed to load or warm up.",
+        ),
+        (
+            "kiln_infer_responses_total",
+            "counter",
+            "Responses of the infer route by HTTP status.",
+        ),
+    ];
+
+    #[test]
+    fn exposition_names_help_types_and_series_are_unchanged() {
+        let m = Metrics::default();
+        let a = m.model("a");
+        let v1 = a.version(1);
+        let v2 = a.version(2);
+        v1.success.fetch_add(7, Relaxed);
+        v2.success.fetch_add(1, Relaxed);
+        v1.fail(Failure::QueueFull);
+        v1.fail(Failure::QueueFull);
+        v1.fail(Failure::BadRequest);
+        v1.inference_count.fetch_add(12, Relaxed);
+        v1.exec_count.fetch_add(3, Relaxed);
+        v1.batch_size.observe(3);
+        v1.batch_size.observe(8);
+        v1.compute.observe_duration(Duration::from_micros(25));
+        v1.request.observe_duration(Duration::from_millis(20));
+        a.not_ready.fetch_add(4, Relaxed);
+        a.queue_depth.store(5, Relaxed);
+        a.loaded_version.store(2, Relaxed);
+        a.ready.store(true, Relaxed);
+        a.reloads.fetch_add(2, Relaxed);
+        a.reload_failures.fetch_add(1, Relaxed);
+        // A model name that needs escaping, with no version yet.
+        m.model("b\"\\x");
+        m.infer_response(200);
+        m.infer_response(503);
+        m.infer_response(200);
+        let text = m.render();
+
+        // HELP then TYPE for every family, in order, and no other comment lines.
+        let comments: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
+        let want: Vec<String> = FAMILIES
+            .iter()
+            .flat_map(|(name, kind, help)| {
+                [
+                    format!("# HELP {name} {help}"),
+                    format!("# TYPE {name} {kind}"),
+                ]
+            })
+            .collect();
+        assert_eq!(comments, want, "{text}");
+        // Every sample line belongs to the family whose TYPE line precedes it.
+        let mut family = "";
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap();
+            } else if !line.starts_with('#') {
+                assert!(line.starts_with(family), "{line} outside {family}");
+            }
+        }
+
+        let l1 = "model=\"a\",version=\"1\"";
+        let l2 = "model=\"a\",version=\"2\"";
+        let get = |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series}"));
+        assert_eq!(
+            get(&format!("kiln_inference_request_success_total{{{l1}}}")),
+            7.0
+        );
+        assert_eq!(
+            get(&format!("kiln_inference_request_success_total{{{l2}}}")),
+            1.0
+        );
+        for (reason, n) in [
+            ("bad_request", 1.0),
+            ("queue_full", 2.0),
+            ("timeout", 0.0),
+            ("internal", 0.0),
+        ] {
+            assert_eq!(
+                get(&format!(
+                    "kiln_inference_request_failure_total{{{l1},reason=\"{reason}\"}}"
+                )),
+                n,
+                "{reason}"
+            );
+        }
+        assert_eq!(
+            sample(
+                &text,
+                &format!("kiln_inference_request_failure_total{{{l1},reason=\"not_ready\"}}")
+            ),
+            None
+        );
+        assert_eq!(
+            get(
+                "kiln_inference_request_failure_total{model=\"a\",version=\"none\",reason=\"not_ready\"}"
+            ),
+            4.0
+        );
+        assert_eq!(get(&format!("kiln_inference_count_total{{{l1}}}")), 12.0);
+        assert_eq!(
+            get(&format!("kiln_inference_exec_count_total{{{l1}}}")),
+            3.0
+        );
+        // Batch-size bounds are integers; 3 and 8 rows fall in le=4 and le=8.
+        for (le, n) in [
+            ("1", 0.0),
+            ("2", 0.0),
+            ("4", 1.0),
+            ("8", 2.0),
+            ("1024", 2.0),
+        ] {
+            assert_eq!(
+                get(&format!(
+                    "kiln_inference_batch_size_bucket{{{l1},le=\"{le}\"}}"
+                )),
+                n,
+                "le={le}"
+            );
+        }
+        assert_eq!(get(&format!("kiln_inference_batch_size_sum{{{l1}}}")), 11.0);
+        // Duration bounds are spelled as decimals, as before, smallest to largest.
+        let bounds: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!(
+                    "kiln_inference_compute_duration_seconds_bucket{{{l1},"
+                ))
+            })
+            .map(|l| l.split("le=\"").nth(1).unwrap().split('"').next().unwrap())
+            .collect();
+        assert_eq!(
+            bounds,
+            [
+                "0.000025", "0.00005", "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005",
+                "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"
+            ]
+        );
+        assert_eq!(
+            get(&format!(
+                "kiln_inference_compute_duration_seconds_bucket{{{l1},le=\"0.000025\"}}"
+            )),
+            1.0
+        );
+        assert_eq!(
+            get(&format!(
+                "kiln_inference_request_duration_seconds_bucket{{{l1},le=\"0.01\"}}"
+            )),
+            0.0
+        );
+        assert_eq!(
+            get(&format!(
+                "kiln_inference_request_duration_seconds_bucket{{{l1},le=\"0.025\"}}"
+            )),
+            1.0
+        );
+        assert_eq!(
+            get(&format!(
+                "kiln_inference_request_duration_seconds_sum{{{l1}}}"
+            )),
+            0.02
+        );
+        assert_eq!(get("kiln_queue_depth{model=\"a\"}"), 5.0);
+        assert_eq!(get("kiln_model_loaded_version{model=\"a\"}"), 2.0);
+        assert_eq!(get("kiln_model_ready{model=\"a\"}"), 1.0);
+        assert_eq!(get("kiln_model_reloads_total{model=\"a\"}"), 2.0);
+        assert_eq!(get("kiln_model_reload_failures_total{model=\"a\"}"), 1.0);
+        // Label values are escaped; a model without versions still has its model series.
+        assert_eq!(get("kiln_model_loaded_version{model=\"b\\\"\\\\x\"}"), -1.0);
+        assert_eq!(get("kiln_model_ready{model=\"b\\\"\\\\x\"}"), 0.0);
+        assert_eq!(get("kiln_infer_responses_total{code=\"200\"}"), 2.0);
+        assert_eq!(get("kiln_infer_responses_total{code=\"503\"}"), 1.0);
+        // Series of one family are sorted by model and version.
+        let first = text.find(&format!("kiln_inference_count_total{{{l1}}}"));
+        let second = text.find(&format!("kiln_inference_count_total{{{l2}}}"));
+        assert!(first < second);
+    }
+
+    #[test]
+    fn bucket_bounds_in_exponent_form_become_decimals() {
+        let text = "x_bucket{le=\"5e-05\"} 1\nx_bucket{a=\"le=\",le=\"2.5e-05\"} 2\n\
+                    x_bucket{le=\"+Inf\"} 3\ny{le=\"1e-05\"} 4\nx_sum{a=\"b\"} 1e-05\n";
+        assert_eq!(
+            decimal_bucket_bounds(text),
+            "x_bucket{le=\"0.00005\"} 1\nx_bucket{a=\"le=\",le=\"0.000025\"} 2\n\
+             x_bucket{le=\"+Inf\"} 3\ny{le=\"1e-05\"} 4\nx_sum{a=\"b\"} 1e-05\n"
         );
     }
 }
