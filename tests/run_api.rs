@@ -126,10 +126,7 @@ impl RunObserver for Events {
             .push(format!("epoch {} {}", r.stage, r.epoch));
     }
     fn on_stage_end(&self, _run: &RunDir, index: usize, name: &str) {
-        self.0
-            .lock()
-            .unwrap()
-            .push(format!("stage {index} {name}"));
+        self.0.lock().unwrap().push(format!("stage {index} {name}"));
     }
     fn on_export(&self, _run: &RunDir, dir: &Path) {
         assert!(dir.join("manifest.json").is_file());
@@ -167,13 +164,20 @@ fn a_full_run_through_the_library_with_registry_and_mlflow_observers() {
     let stage_ends: Vec<&String> = ev.iter().filter(|e| e.starts_with("stage")).collect();
     assert_eq!(stage_ends.len(), 2, "{ev:?}");
     let export_at = ev.iter().position(|e| e == "export").unwrap();
-    assert_eq!(export_at, ev.len() - 2, "export comes just before the end: {ev:?}");
+    assert_eq!(
+        export_at,
+        ev.len() - 2,
+        "export comes just before the end: {ev:?}"
+    );
 
     // The run directory, the manifest and the summary agree.
     assert_eq!(dir.read_status().unwrap().status, "finished");
     let export = summary.outcome.export_dir.clone().unwrap();
     let ckpt = kiln::artifact::Checkpoint::load(&export).unwrap();
-    assert!(ckpt.manifest.latency.is_some(), "latency stored in the manifest");
+    assert!(
+        ckpt.manifest.latency.is_some(),
+        "latency stored in the manifest"
+    );
     assert_eq!(
         ckpt.manifest.metrics["int8_test_delta"]["targets"]
             .as_array()
@@ -187,7 +191,10 @@ fn a_full_run_through_the_library_with_registry_and_mlflow_observers() {
     let reg = Registry::open(&registry_path).unwrap();
     let row = reg.get(&dir.id).unwrap();
     assert_eq!(row.status, "finished");
-    assert_eq!(row.param_count, Some(summary.outcome.parameter_count as i64));
+    assert_eq!(
+        row.param_count,
+        Some(summary.outcome.parameter_count as i64)
+    );
     assert_eq!(reg.epochs(&dir.id).unwrap().len(), epochs);
     assert_eq!(row.latency_b1_p50_us, latency.p50(1));
 
@@ -201,11 +208,7 @@ fn a_full_run_through_the_library_with_registry_and_mlflow_observers() {
         .iter()
         .filter(|(_, p, _)| p.ends_with("log-batch"))
         .flat_map(|(_, _, b)| b["metrics"].as_array().cloned().unwrap_or_default())
-        .filter(|m| {
-            m["key"]
-                .as_str()
-                .is_some_and(|k| k.contains("val_loss"))
-        })
+        .filter(|m| m["key"].as_str().is_some_and(|k| k.contains("val_loss")))
         .count();
     assert_eq!(val_steps, epochs, "one validation loss per epoch");
 }

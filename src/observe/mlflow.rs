@@ -71,8 +71,8 @@ use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig, TlsProvider};
 
 use super::registry::RunEnd;
 use crate::config::LoadedConfig;
-use crate::records::RunDir;
 use crate::records::EpochRecord;
+use crate::records::RunDir;
 
 /// MLflow's per-request limits for runs/log-batch.
 pub const MAX_METRICS_PER_BATCH: usize = 1000;

@@ -199,6 +199,9 @@ pub enum SweepError {
     Registry(#[from] RegistryError),
 }
 
+/// Progress callback: (members done, total, the member that just finished).
+pub type OnMemberDone = dyn Fn(usize, usize, &Member) + Sync;
+
 /// How to run a sweep.
 pub struct SweepOptions<'a> {
     /// Concurrent members (P).
@@ -208,7 +211,7 @@ pub struct SweepOptions<'a> {
     /// The registry every member records into.
     pub registry: &'a Path,
     /// Called as each member finishes: (members done, total, the member).
-    pub on_done: Option<&'a (dyn Fn(usize, usize, &Member) + Sync)>,
+    pub on_done: Option<&'a OnMemberDone>,
 }
 
 /// Run every member of `spec` through `launcher` and answer the right-sizing question from
