@@ -22,9 +22,14 @@ pub type CudaF32 = burn::backend::Cuda<f32>;
 #[cfg(feature = "cuda")]
 pub type CudaBf16 = burn::backend::Cuda<burn::tensor::bf16>;
 
+/// Why no CUDA device can be used (the message says what is missing).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct CudaUnavailable(pub String);
+
 /// Check that a CUDA device can be created and used, without letting Burn's panic escape.
 #[cfg(feature = "cuda")]
-pub fn cuda_probe() -> Result<burn::backend::cuda::CudaDevice, String> {
+pub fn cuda_probe() -> Result<burn::backend::cuda::CudaDevice, CudaUnavailable> {
     use burn::tensor::Tensor;
     let prev = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
@@ -41,15 +46,17 @@ pub fn cuda_probe() -> Result<burn::backend::cuda::CudaDevice, String> {
             .cloned()
             .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "unknown panic".into());
-        format!(
+        CudaUnavailable(format!(
             "no usable CUDA device: the CUDA driver (libcuda.so) or an NVIDIA GPU is missing or unusable ({})",
             msg.lines().next().unwrap_or("")
-        )
+        ))
     })
 }
 
 /// Without the `cuda` feature there is never a CUDA device.
 #[cfg(not(feature = "cuda"))]
-pub fn cuda_probe() -> Result<(), String> {
-    Err("this kiln was built without the `cuda` feature (rebuild with `--features cuda`)".into())
+pub fn cuda_probe() -> Result<(), CudaUnavailable> {
+    Err(CudaUnavailable(
+        "this kiln was built without the `cuda` feature (rebuild with `--features cuda`)".into(),
+    ))
 }

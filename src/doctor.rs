@@ -96,7 +96,7 @@ fn cuda_report() -> Option<CudaReport> {
     let probe = crate::backend::cuda_probe();
     let mut r = CudaReport {
         available: probe.is_ok(),
-        error: probe.err(),
+        error: probe.err().map(|e| e.to_string()),
         driver_version: None,
         cuda_version: None,
         gpus: Vec::new(),

@@ -236,7 +236,7 @@ fn a_sweep_runs_every_configuration_and_answers_right_sizing() {
     std::fs::write(
         &sweep,
         format!(
-            "base: {}\nparallel: 2\nthreads_per_run: 1\ntolerance: 0.05\nset:\n  stages[1].epochs: 1\ngrid:\n  model.hidden: [[4], [16]]\n  model.activation: [relu, tanh]\n",
+            "base: {}\nparallel: 1\nthreads_per_run: 1\ntolerance: 0.05\nset:\n  stages[1].epochs: 1\ngrid:\n  model.hidden: [[4], [16]]\n  model.activation: [relu, tanh]\n",
             cfg.display()
         ),
     )
@@ -279,14 +279,16 @@ fn a_sweep_runs_every_configuration_and_answers_right_sizing() {
 fn a_real_engine_split_is_flagged_and_attributed_to_its_cause() {
     // Five real runs of one size; one serves on the unfused `burn` engine. The registry must
     // flag exactly that one, show the config key that differs, and profile each run on its
-    // own engine so the operator table explains the gap.
+    // own engine so the operator table explains the gap. One run at a time: a latency
+    // benchmark that overlapped another run's training would measure the neighbour, not the
+    // engine.
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tiny_in(tmp.path());
     let sweep = tmp.path().join("drill.yaml");
     std::fs::write(
         &sweep,
         format!(
-            "base: {}\nparallel: 2\nthreads_per_run: 1\nset:\n  stages[1].epochs: 1\n  model.hidden: [16]\ngrid:\n  seed: [1, 2, 3, 4]\nlist:\n  - {{seed: 5, export.engine: burn}}\n",
+            "base: {}\nparallel: 1\nthreads_per_run: 1\nset:\n  stages[1].epochs: 1\n  model.hidden: [16]\ngrid:\n  seed: [1, 2, 3, 4]\nlist:\n  - {{seed: 5, export.engine: burn}}\n",
             cfg.display()
         ),
     )

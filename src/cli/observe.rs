@@ -93,8 +93,8 @@ fn table_path(p: &Path) -> PathBuf {
 
 /// `kiln profile diff A B`.
 pub fn profile_diff(a: &Path, b: &Path, json: bool) -> CliResult {
-    let ta = KeyAverages::load(&table_path(a)).map_err(|e| CliError::input(anyhow::anyhow!(e)))?;
-    let tb = KeyAverages::load(&table_path(b)).map_err(|e| CliError::input(anyhow::anyhow!(e)))?;
+    let ta = KeyAverages::load(&table_path(a)).map_err(CliError::input)?;
+    let tb = KeyAverages::load(&table_path(b)).map_err(CliError::input)?;
     let rows = profiler::diff(&ta, &tb);
     if json {
         for r in &rows {

@@ -45,7 +45,7 @@ impl<B: Backend<Device = CudaDevice>> CudaEngine<B> {
     pub fn new(weights: &HostWeights, label: &str) -> Result<Self, InferError> {
         let device = crate::backend::cuda_probe().map_err(|reason| InferError::Unavailable {
             engine: label.to_string(),
-            reason,
+            reason: reason.to_string(),
         })?;
         let model = weights.to_model::<B>(&device);
         let mut engine = Self {

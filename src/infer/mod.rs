@@ -216,7 +216,7 @@ pub fn build_engine(
         #[cfg(not(feature = "cuda"))]
         "cuda-bf16" | "cuda-f32" => Err(InferError::Unavailable {
             engine: name.to_string(),
-            reason: crate::backend::cuda_probe().unwrap_err(),
+            reason: crate::backend::cuda_probe().unwrap_err().to_string(),
         }),
         other => Err(InferError::Unknown(
             other.to_string(),

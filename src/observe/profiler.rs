@@ -488,18 +488,24 @@ impl KeyAverages {
     }
 
     /// Read a saved table.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, TableError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| TableError(format!("{}: {e}", path.display())))?;
         serde_json::from_str(&text).map_err(|e| {
-            format!(
+            TableError(format!(
                 "{}:{}:{}: not a kiln key-averages table: {e}",
                 path.display(),
                 e.line(),
                 e.column()
-            )
+            ))
         })
     }
 }
+
+/// A key-averages table that could not be read (the message names the file and position).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TableError(pub String);
 
 fn truncate(s: &str, n: usize) -> String {
     if s.chars().count() <= n {

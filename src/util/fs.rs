@@ -34,7 +34,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}.tmp-"))
         .tempfile_in(dir)
-        .map_err(|e| at(dir, e))?;
+        .map_err(|e| at(path, e))?;
     tmp.write_all(bytes).map_err(|e| at(tmp.path(), e))?;
     tmp.as_file().sync_all().map_err(|e| at(tmp.path(), e))?;
     tmp.persist(path).map_err(|e| at(path, e.error))?;
