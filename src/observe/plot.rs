@@ -1030,7 +1030,11 @@ fn draw_panel<DB: DrawingBackend>(
                 let anno = chart.draw_series(dots)?;
                 let r = (radius as f64).min(legend_dot) as u32;
                 let c = (sw / 2.0) as i32;
-                anno.legend(move |(x, y)| Circle::new((x + c, y), r, color.filled()))
+                // A square legend swatch: every `<circle>` in the SVG is a data point.
+                let r = r.max(1) as i32;
+                anno.legend(move |(x, y)| {
+                    Rectangle::new([(x + c - r, y - r), (x + c + r, y + r)], color.filled())
+                })
             }
             kind => {
                 let path: Vec<Pt> = if kind == SeriesKind::Line {

@@ -237,8 +237,8 @@ fn svg_is_well_formed_and_holds_title_legend_and_escaped_text() {
     for name in ["engines", "regression", "parameters", "median latency (µs)"] {
         assert!(svg.contains(name), "{name}");
     }
-    // One circle per plottable point, plus one per scatter legend entry.
-    assert_eq!(svg.matches("<circle").count(), 12 + 2 + 2);
+    // One circle per plottable point (legend swatches are squares).
+    assert_eq!(svg.matches("<circle").count(), 12 + 2);
     let svg = resource_trace().to_svg();
     check_xml(&svg).unwrap();
     assert!(svg.contains("train job 42: resources"));
@@ -248,7 +248,7 @@ fn svg_is_well_formed_and_holds_title_legend_and_escaped_text() {
     let svg = pareto().to_svg();
     check_xml(&svg).unwrap();
     assert!(svg.contains("validation R² vs parameters") && svg.contains("front"));
-    assert_eq!(svg.matches("<circle").count(), 6 + 1);
+    assert_eq!(svg.matches("<circle").count(), 6);
     for bad in [
         "<a><b></a></b>",
         "<a x=\"1 & 2\"/>",
