@@ -734,7 +734,6 @@ pub fn int8_accuracy_on(
             .map(|(p, q)| (p - q).abs() as f64)
             .fold(0.0, f64::max)
     };
-    const HALF_LN_2PI: f64 = 0.918_938_533_204_672_8;
     let metrics = |o: &HeadOutput, j: usize| {
         let t = &targets[j];
         let (mut se, mut nll) = (0.0, 0.0);
@@ -743,7 +742,8 @@ pub fn int8_accuracy_on(
             let lv = o.log_var[r * k + j] as f64 + 2.0 * t.std.ln();
             let d = y_raw[r * k + j] as f64 - mu;
             se += d * d;
-            nll += 0.5 * (lv + d * d * (-lv).exp()) + HALF_LN_2PI;
+            nll += crate::util::gaussian_nll(y_raw[r * k + j] as f64, mu, lv)
+                + crate::util::HALF_LN_2PI;
         }
         let n = rows.max(1) as f64;
         (se / n, nll / n)

@@ -9,7 +9,7 @@ use crate::data::dataset::Affine;
 use crate::data::{ColumnStats, Subset};
 use crate::model::RegressionNet;
 
-const HALF_LN_2PI: f64 = 0.918_938_533_204_672_8;
+use crate::util::HALF_LN_2PI;
 
 /// Network outputs for a split, normalised units, row-major `rows × k`.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,7 +74,7 @@ pub fn nll_normalised(pred: &SplitPredictions, y_raw: &[f32], y_norm: &Affine) -
         let j = i % k;
         let yn = ((y - y_norm.shift[j]) * y_norm.scale[j]) as f64;
         let (m, lv) = (m as f64, lv as f64);
-        sum += 0.5 * (lv + (yn - m).powi(2) * (-lv).exp());
+        sum += crate::util::gaussian_nll(yn, m, lv);
     }
     sum / pred.mean.len().max(1) as f64
 }
@@ -200,9 +200,9 @@ pub fn evaluate(
             if let Some(f) = persistence[j] {
                 mse_p += (y - split.x[i * n_features + f] as f64).powi(2);
             }
-            nll += HALF_LN_2PI + 0.5 * (lv + r2 * (-lv).exp());
+            nll += HALF_LN_2PI + crate::util::gaussian_nll(y, mu, lv);
             let cv = constant_variance[j].max(1e-300);
-            nll_c += HALF_LN_2PI + 0.5 * (cv.ln() + r2 / cv);
+            nll_c += HALF_LN_2PI + crate::util::gaussian_nll(y, mu, cv.ln());
         }
         let n = rows.max(1) as f64;
         reports.push(TargetReport {

@@ -1,0 +1,312 @@
+//! Value checks of an experiment config, one function per section, in one place. Each error
+//! names the file, the key path and the expected range.
+
+use std::path::{Path, PathBuf};
+
+use super::ConfigError;
+use super::schema::*;
+
+/// Builds the error for a key (the caller returns it).
+type Bad<'a> = &'a dyn Fn(String, String) -> Result<(), ConfigError>;
+
+impl ExperimentConfig {
+    /// Check every value against its allowed range.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key: String, message: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                key,
+                message,
+            })
+        };
+        self.validate_identity(&bad)?;
+        self.validate_data(&bad)?;
+        self.validate_model(&bad)?;
+        self.validate_loader(&bad)?;
+        self.validate_stages(&bad)?;
+        self.validate_runtime(&bad)
+    }
+
+    /// Check the name and the serving engine.
+    fn validate_identity(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return bad(
+                "name".into(),
+                format!(
+                    "expected a non-empty name of letters, digits, '-' and '_', got {:?}",
+                    self.name
+                ),
+            );
+        }
+        if let Some(engine) = &self.export.engine {
+            let known = crate::records::engine_names();
+            if !known.contains(&engine.as_str()) {
+                return bad(
+                    "export.engine".into(),
+                    format!("expected one of {}, got {engine:?}", known.join(", ")),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Check `data`: columns and the season split.
+    fn validate_data(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
+        if self.data.features.is_empty() {
+            return bad(
+                "data.features".into(),
+                "expected at least one feature column".into(),
+            );
+        }
+        if self.data.targets.is_empty() {
+            return bad(
+                "data.targets".into(),
+                "expected at least one target column".into(),
+            );
+        }
+        for (list, key) in [
+            (&self.data.features, "data.features"),
+            (&self.data.targets, "data.targets"),
+        ] {
+            for (i, name) in list.iter().enumerate() {
+                if list[..i].contains(name) {
+                    return bad(
+                        format!("{key}[{i}]"),
+                        format!("column {name:?} is listed twice"),
+                    );
+                }
+            }
+        }
+        if let Some(t) = self
+            .data
+            .targets
+            .iter()
+            .find(|t| self.data.features.contains(t))
+        {
+            return bad(
+                "data.targets".into(),
+                format!("column {t:?} is both a feature and a target"),
+            );
+        }
+        let split = &self.data.split;
+        for (range, key) in [
+            (&split.train, "data.split.train"),
+            (&split.validation, "data.split.validation"),
+            (&split.test, "data.split.test"),
+        ] {
+            if let (Some(a), Some(b)) = (range.from, range.to)
+                && a > b
+            {
+                return bad(key.into(), format!("`from` ({a}) must be ≤ `to` ({b})"));
+            }
+        }
+        for (a, b, key) in [
+            (&split.train, &split.validation, "data.split.validation"),
+            (&split.train, &split.test, "data.split.test"),
+            (&split.validation, &split.test, "data.split.test"),
+        ] {
+            if a.overlaps(b) {
+                return bad(
+                    key.into(),
+                    format!(
+                        "seasons {b} overlap seasons {a} of another split; splits must be disjoint"
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Check `model`: widths.
+    fn validate_model(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
+        if self.model.hidden.is_empty() {
+            return bad(
+                "model.hidden".into(),
+                "expected at least one hidden layer width".into(),
+            );
+        }
+        for (i, &w) in self.model.hidden.iter().enumerate() {
+            if w == 0 || w > 65_536 {
+                return bad(
+                    format!("model.hidden[{i}]"),
+                    format!("expected a width in 1..=65536, got {w}"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Check `loader`: batch size, workers, prefetch.
+    fn validate_loader(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
+        if self.loader.batch_size == 0 || self.loader.batch_size > 1 << 20 {
+            return bad(
+                "loader.batch_size".into(),
+                format!("expected 1..=1048576, got {}", self.loader.batch_size),
+            );
+        }
+        if let WorkerCount::Fixed(n) = self.loader.num_workers
+            && n > 256
+        {
+            return bad(
+                "loader.num_workers".into(),
+                format!("expected 0..=256 or \"auto\", got {n}"),
+            );
+        }
+        if self.loader.prefetch == 0 || self.loader.prefetch > 4096 {
+            return bad(
+                "loader.prefetch".into(),
+                format!("expected 1..=4096 batches, got {}", self.loader.prefetch),
+            );
+        }
+        Ok(())
+    }
+
+    /// Check `stages`: parts, epochs, optimizer, schedule, clipping.
+    fn validate_stages(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
+        if self.stages.is_empty() {
+            return bad("stages".into(), "expected at least one stage".into());
+        }
+        for (i, s) in self.stages.iter().enumerate() {
+            let k = |f: &str| format!("stages[{i}].{f}");
+            if s.trainable.is_empty() {
+                return bad(k("trainable"), "expected at least one part".into());
+            }
+            if s.epochs == 0 || s.epochs > 1_000_000 {
+                return bad(
+                    k("epochs"),
+                    format!("expected 1..=1000000, got {}", s.epochs),
+                );
+            }
+            match s.loss {
+                Loss::Mse => {
+                    if !s.trainable.contains(&Part::MeanHead) {
+                        return bad(
+                            k("trainable"),
+                            "loss mse trains the mean head; include mean_head".into(),
+                        );
+                    }
+                    if s.trainable.contains(&Part::LogvarHead) {
+                        return bad(
+                            k("trainable"),
+                            "loss mse gives the log-variance head no gradient; remove logvar_head"
+                                .into(),
+                        );
+                    }
+                }
+                Loss::GaussianNll => {
+                    if !s.trainable.contains(&Part::LogvarHead) {
+                        return bad(
+                            k("trainable"),
+                            "loss gaussian_nll needs logvar_head trainable".into(),
+                        );
+                    }
+                }
+            }
+            let o = &s.optimizer;
+            if !(o.lr.is_finite() && o.lr > 0.0 && o.lr <= 10.0) {
+                return bad(
+                    k("optimizer.lr"),
+                    format!("expected 0 < lr ≤ 10, got {}", o.lr),
+                );
+            }
+            for (v, name) in [(o.beta1, "beta1"), (o.beta2, "beta2")] {
+                if !(0.0..1.0).contains(&v) {
+                    return bad(
+                        k(&format!("optimizer.{name}")),
+                        format!("expected 0 ≤ {name} < 1, got {v}"),
+                    );
+                }
+            }
+            if !(o.eps.is_finite() && o.eps > 0.0) {
+                return bad(
+                    k("optimizer.eps"),
+                    format!("expected eps > 0, got {}", o.eps),
+                );
+            }
+            if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0 && o.lr * o.weight_decay < 1.0)
+            {
+                return bad(
+                    k("optimizer.weight_decay"),
+                    format!(
+                        "expected weight_decay ≥ 0 with lr·weight_decay < 1, got {}",
+                        o.weight_decay
+                    ),
+                );
+            }
+            if let ScheduleConfig::CosineWarmRestarts {
+                t_0,
+                t_mult,
+                eta_min,
+            } = s.schedule
+            {
+                if t_0 == 0 {
+                    return bad(
+                        k("schedule.t_0"),
+                        "expected T_0 ≥ 1 optimizer steps, got 0".into(),
+                    );
+                }
+                if t_mult == 0 {
+                    return bad(k("schedule.t_mult"), "expected T_mult ≥ 1, got 0".into());
+                }
+                if !(eta_min.is_finite() && eta_min >= 0.0 && eta_min <= o.lr) {
+                    return bad(
+                        k("schedule.eta_min"),
+                        format!(
+                            "expected 0 ≤ eta_min ≤ optimizer.lr ({}), got {eta_min}",
+                            o.lr
+                        ),
+                    );
+                }
+            }
+            if let Some(c) = s.clip_norm
+                && !(c.is_finite() && c > 0.0)
+            {
+                return bad(
+                    k("clip_norm"),
+                    format!("expected a positive number or null, got {c}"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Check `profile`, `device` and `precision`.
+    fn validate_runtime(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
+        let p = &self.profile;
+        if p.enabled && (p.active == 0 || p.repeat == 0) {
+            return bad(
+                "profile.active".into(),
+                format!(
+                    "expected active ≥ 1 and repeat ≥ 1, got active {} repeat {}",
+                    p.active, p.repeat
+                ),
+            );
+        }
+        if self.precision == Precision::Bf16 && self.device == DeviceKind::Cpu {
+            return bad(
+                "precision".into(),
+                "bf16 training needs `device: cuda` (the CPU backends flex and ndarray train in f32 only)".into(),
+            );
+        }
+        if self.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
+            return bad(
+                "device".into(),
+                "`cuda` needs a kiln built with `--features cuda`; this build has CPU backends only".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The registry file: `registry.path`, else `<export.dir>/runs.db`.
+    pub fn registry_path(&self) -> PathBuf {
+        self.registry
+            .path
+            .clone()
+            .unwrap_or_else(|| self.export.dir.join("runs.db"))
+    }
+}
