@@ -41,6 +41,11 @@ pub mod sweep;
 pub mod train;
 pub mod util;
 
+/// `tracing`, re-exported for [`prof_span!`] so that crates using the macro need no
+/// dependency of their own.
+#[doc(hidden)]
+pub use tracing as __tracing;
+
 /// The Burn version kiln was built against (Cargo.lock's when kiln is the root package,
 /// else the version kiln's manifest pins).
 pub const BURN_VERSION: &str = env!("KILN_BURN_VERSION");

@@ -677,17 +677,29 @@ pub fn diff_table(rows: &[DiffRow]) -> String {
 }
 
 /// Open a profiler span: `prof_span!("forward")`, `prof_span!("module", path = "Net/head")`,
-/// `prof_span!("forward", shape = ?[b, f])`. Compiled out with the `no-spans` feature (the
-/// baseline for measuring the spans' cost).
+/// `prof_span!("forward", shape = ?[b, f])`. Compiled out when kiln is built with the
+/// `no-spans` feature (the baseline for measuring the spans' cost). Works from any crate: it
+/// reaches `tracing` through kiln, so the caller needs no `tracing` dependency of its own.
+///
+/// ```
+/// let rows = 3;
+/// let _span = kiln::prof_span!("my_stage", rows = rows).entered();
+/// ```
+#[cfg(not(feature = "no-spans"))]
 #[macro_export]
 macro_rules! prof_span {
-    ($name:literal $(, $($fields:tt)*)?) => {{
-        #[cfg(not(feature = "no-spans"))]
-        let span = ::tracing::trace_span!(target: "kiln::prof", $name $(, $($fields)*)?);
-        #[cfg(feature = "no-spans")]
-        let span = ::tracing::Span::none();
-        span
-    }};
+    ($name:literal $(, $($fields:tt)*)?) => {
+        $crate::__tracing::trace_span!(target: "kiln::prof", $name $(, $($fields)*)?)
+    };
+}
+
+/// Open a profiler span (compiled out: this kiln was built with `no-spans`).
+#[cfg(feature = "no-spans")]
+#[macro_export]
+macro_rules! prof_span {
+    ($name:literal $(, $($fields:tt)*)?) => {
+        $crate::__tracing::Span::none()
+    };
 }
 
 #[cfg(test)]
