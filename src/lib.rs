@@ -5,7 +5,7 @@
 //!
 //! | level | modules |
 //! |---|---|
-//! | 0 leaves | [`util`], [`rng`], [`records`] |
+//! | 0 leaves | [`util`], [`rng`], [`records`], [`simd`] |
 //! | 1 | [`config`], [`backend`] |
 //! | 2 | [`data`], [`model`], [`doctor`] |
 //! | 3 | [`train`], [`artifact`] |
@@ -36,6 +36,7 @@ pub mod rng;
 pub mod run;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod simd;
 #[cfg(feature = "registry")]
 pub mod sweep;
 pub mod train;

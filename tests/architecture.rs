@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 /// Level of each top-level module; a module may import modules of its own level or lower.
 fn level(top: &str) -> Option<u8> {
     Some(match top {
-        "util" | "rng" | "records" => 0,
+        "util" | "rng" | "records" | "simd" => 0,
         "config" | "backend" => 1,
         "data" | "model" | "doctor" => 2,
         "train" | "artifact" => 3,
@@ -29,7 +29,7 @@ fn level(top: &str) -> Option<u8> {
 }
 
 /// What `observe` (beside the levels) may import.
-const OBSERVE_MAY_IMPORT: [&str; 5] = ["util", "rng", "records", "config", "observe"];
+const OBSERVE_MAY_IMPORT: [&str; 6] = ["util", "rng", "records", "simd", "config", "observe"];
 
 fn src() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")

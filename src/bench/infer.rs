@@ -333,9 +333,7 @@ pub fn peak_gflops() -> f64 {
     *PEAK.get_or_init(|| {
         let mut best = 0f64;
         for _ in 0..7 {
-            best = best.max(crate::infer::simd::measure_peak_gflops(
-                Duration::from_millis(3),
-            ));
+            best = best.max(crate::simd::measure_peak_gflops(Duration::from_millis(3)));
         }
         best
     })

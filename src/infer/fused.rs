@@ -26,10 +26,13 @@
 
 use std::sync::Arc;
 
-use super::simd::{self, Act, F32x, Isa};
+use super::act::{self, Act};
 use super::{Engine, HeadOutput, InferError, check_shape};
 use crate::artifact::HostWeights;
 use crate::model::RegressionNetConfig;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Avx2, Avx512};
+use crate::simd::{F32x, Isa, Kernel, Portable};
 
 /// Outputs per rows-in-lanes tile.
 pub(crate) const NB: usize = 6;
@@ -251,7 +254,7 @@ pub(crate) unsafe fn act_in_place<S: F32x>(
                 while o < len {
                     unsafe {
                         let q = p.add(j * stride + o);
-                        s.store(q, simd::apply(s, $a, s.load(q)));
+                        s.store(q, act::apply(s, $a, s.load(q)));
                     }
                     o += S::LANES;
                 }
@@ -631,6 +634,7 @@ unsafe fn small_rows<S: F32x, const NVB: usize, const MRMAX: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn forward_avx512(
+    t: Avx512,
     plan: &Plan,
     x: &[f32],
     rows: usize,
@@ -638,12 +642,13 @@ unsafe fn forward_avx512(
     mean: &mut [f32],
     lv: &mut [f32],
 ) {
-    unsafe { forward_rows::<simd::Avx512, 4, 4, 8>(simd::Avx512, plan, x, rows, scratch, mean, lv) }
+    unsafe { forward_rows::<Avx512, 4, 4, 8>(t, plan, x, rows, scratch, mean, lv) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn forward_avx2(
+    t: Avx2,
     plan: &Plan,
     x: &[f32],
     rows: usize,
@@ -651,7 +656,7 @@ unsafe fn forward_avx2(
     mean: &mut [f32],
     lv: &mut [f32],
 ) {
-    unsafe { forward_rows::<simd::Avx2, 2, 3, 4>(simd::Avx2, plan, x, rows, scratch, mean, lv) }
+    unsafe { forward_rows::<Avx2, 2, 3, 4>(t, plan, x, rows, scratch, mean, lv) }
 }
 
 fn forward_portable(
@@ -663,14 +668,12 @@ fn forward_portable(
     lv: &mut [f32],
 ) {
     // SAFETY: portable lanes need no CPU feature; buffers are sized by the caller.
-    unsafe {
-        forward_rows::<simd::Portable, 2, 2, 4>(simd::Portable, plan, x, rows, scratch, mean, lv)
-    }
+    unsafe { forward_rows::<Portable, 2, 2, 4>(Portable, plan, x, rows, scratch, mean, lv) }
 }
 
-/// Run `rows` rows on the calling thread with `isa`.
+/// Run `rows` rows on the calling thread with `kernel`.
 pub(crate) fn run_range(
-    isa: Isa,
+    kernel: Kernel,
     plan: &Plan,
     x: &[f32],
     rows: usize,
@@ -679,13 +682,13 @@ pub(crate) fn run_range(
     lv: &mut [f32],
 ) {
     assert!(x.len() >= rows * plan.nf && mean.len() >= rows * plan.k && lv.len() >= rows * plan.k);
-    match isa {
-        // SAFETY: `isa` was checked against the CPU when the engine was built.
+    match kernel {
+        // SAFETY (both): the token proves the instructions exist on this CPU.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { forward_avx512(plan, x, rows, scratch, mean, lv) },
+        Kernel::Avx512(t) => unsafe { forward_avx512(t, plan, x, rows, scratch, mean, lv) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { forward_avx2(plan, x, rows, scratch, mean, lv) },
-        _ => forward_portable(plan, x, rows, scratch, mean, lv),
+        Kernel::Avx2(t) => unsafe { forward_avx2(t, plan, x, rows, scratch, mean, lv) },
+        Kernel::Portable(_) => forward_portable(plan, x, rows, scratch, mean, lv),
     }
 }
 
@@ -779,7 +782,7 @@ pub(crate) fn fit(v: &mut Vec<f32>, n: usize) {
 pub struct FusedEngine {
     plan: Arc<Plan>,
     arch: RegressionNetConfig,
-    isa: Isa,
+    kernel: Kernel,
     threads: usize,
     pool: Option<rayon::ThreadPool>,
     scratch: Vec<Scratch>,
@@ -795,19 +798,19 @@ impl FusedEngine {
     /// Like [`FusedEngine::new`] with an explicit instruction set (tests run every one the
     /// CPU supports); fails when the CPU lacks it.
     pub fn with_isa(weights: &HostWeights, threads: usize, isa: Isa) -> Result<Self, InferError> {
-        if !isa.is_supported() {
+        let Some(kernel) = Kernel::new(isa) else {
             return Err(InferError::Unavailable {
                 engine: "fused".into(),
                 reason: format!("this CPU does not support {}", isa.name()),
             });
-        }
+        };
         let threads = threads.max(1);
         let plan = Plan::new(weights, isa)?;
         let scratch = (0..threads).map(|_| Scratch::new(&plan)).collect();
         Ok(Self {
             plan: Arc::new(plan),
             arch: weights.arch.clone(),
-            isa,
+            kernel,
             threads,
             pool: make_pool(threads, "fused")?,
             scratch,
@@ -816,7 +819,7 @@ impl FusedEngine {
 
     /// The instruction set the kernels run with.
     pub fn isa(&self) -> Isa {
-        self.isa
+        self.kernel.isa()
     }
 }
 
@@ -834,7 +837,7 @@ impl Engine for FusedEngine {
     }
 
     fn forward(&mut self, x: &[f32], rows: usize, out: &mut HeadOutput) -> Result<(), InferError> {
-        let (plan, isa) = (&*self.plan, self.isa);
+        let (plan, kernel) = (&*self.plan, self.kernel);
         run_engine(
             self.pool.as_ref(),
             &mut self.scratch,
@@ -843,7 +846,7 @@ impl Engine for FusedEngine {
             (plan.nf, plan.k),
             out,
             &|s: &mut Scratch, x: &[f32], n, m: &mut [f32], l: &mut [f32]| {
-                run_range(isa, plan, x, n, s, m, l)
+                run_range(kernel, plan, x, n, s, m, l)
             },
         )
     }

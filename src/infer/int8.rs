@@ -35,11 +35,14 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::act::{self, Act};
 use super::fused::{AlignedBuf, MAX_BLOCK, lowered_layers, make_pool, run_engine};
-use super::simd::{self, Act, F32x, Isa};
 use super::{Engine, HeadOutput, InferError, check_shape};
 use crate::artifact::HostWeights;
 use crate::model::RegressionNetConfig;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Avx2, Avx512Vnni};
+use crate::simd::{F32x, Isa, Portable};
 
 /// Absolute part of the documented int8 agreement bound (normalised output units).
 pub const INT8_ABS_TOL: f32 = 0.03;
@@ -305,7 +308,7 @@ fn row_portable(p: &QPlan, x: &[f32], sc: &mut PortableScratch, mean: &mut [f32]
                 y[t] = acc[c + t] as f32 * (a * l.sw[c + t]) + l.b[c + t];
             }
             // SAFETY: the portable lanes have no CPU requirement.
-            let y = unsafe { simd::apply(simd::Portable, l.act, y) };
+            let y = unsafe { act::apply(Portable, l.act, y) };
             h[c..c + n].copy_from_slice(&y[..n]);
         }
         width = l.n;
@@ -357,6 +360,7 @@ fn range_portable(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn range_avx2(
+    _: Avx2,
     p: &QPlan,
     x: &[f32],
     rows: usize,
@@ -378,8 +382,9 @@ mod vnni {
     use super::super::fused::{MAX_BLOCK, NB, act_in_place};
 
     const _: () = assert!(super::QPAD.is_multiple_of(12) && super::QPAD.is_multiple_of(NB));
-    use super::super::simd::{Act, Avx512, F32x};
+    use super::super::act::Act;
     use super::{QLayer, QPlan, QScratch};
+    use crate::simd::{Avx512, Avx512Vnni, F32x};
 
     const L: usize = 16;
 
@@ -432,10 +437,9 @@ mod vnni {
     #[inline(always)]
     /// One layer for `RV` row vectors with tiles of `NBT` outputs (12 for a single row
     /// vector, so that twelve independent accumulator chains hide the `vpdpbusd` latency).
-    unsafe fn layer<const RV: usize, const NBT: usize>(l: &QLayer, sc: &mut QScratch) {
+    unsafe fn layer<const RV: usize, const NBT: usize>(s: Avx512, l: &QLayer, sc: &mut QScratch) {
         unsafe {
             let rs = MAX_BLOCK;
-            let s = Avx512;
             let qin = sc.q.as_ptr();
             let fout = sc.f.as_mut_ptr();
             let mut av = [_mm512_setzero_ps(); RV];
@@ -507,6 +511,7 @@ mod vnni {
 
     #[target_feature(enable = "avx512f,avx512vnni")]
     pub(super) unsafe fn range(
+        t: Avx512Vnni,
         p: &QPlan,
         x: &[f32],
         rows: usize,
@@ -515,25 +520,26 @@ mod vnni {
         lv: &mut [f32],
     ) {
         let (nf, k) = (p.nf, p.k);
+        let s = t.avx512();
         let mut r = 0;
         while r < rows {
             let n = MAX_BLOCK.min(rows - r);
             let rv = n.div_ceil(L);
-            unsafe { super::load_block(Avx512, p, x.as_ptr().add(r * nf), n, sc) };
+            unsafe { super::load_block(s, p, x.as_ptr().add(r * nf), n, sc) };
             for l in &p.layers {
                 unsafe {
                     quantize(l.kq, l.unsigned_in, rv, sc);
                     match rv {
-                        1 => layer::<1, 12>(l, sc),
-                        2 => layer::<2, NB>(l, sc),
-                        3 => layer::<3, NB>(l, sc),
-                        _ => layer::<4, NB>(l, sc),
+                        1 => layer::<1, 12>(s, l, sc),
+                        2 => layer::<2, NB>(s, l, sc),
+                        3 => layer::<3, NB>(s, l, sc),
+                        _ => layer::<4, NB>(s, l, sc),
                     }
                 }
             }
             unsafe {
                 super::store_block(
-                    Avx512,
+                    s,
                     p,
                     n,
                     sc,
@@ -548,25 +554,49 @@ mod vnni {
 
 /// Whether this CPU has the AVX-512 VNNI integer path.
 pub fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    QKernel::new(Isa::Avx512).is_some()
 }
 
-fn int8_isa_supported(isa: Isa) -> bool {
-    match isa {
-        Isa::Avx512 => has_vnni(),
-        other => other.is_supported(),
+/// A proven int8 path: the CPU token of its instruction set.
+#[derive(Clone, Copy)]
+enum QKernel {
+    /// AVX-512 VNNI.
+    #[cfg(target_arch = "x86_64")]
+    Vnni(Avx512Vnni),
+    /// The portable kernel compiled for AVX2 + FMA.
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2),
+    /// The portable kernel.
+    Portable,
+}
+
+impl QKernel {
+    /// The int8 path `isa` (`Avx512` means AVX-512 VNNI), when this CPU can run it.
+    fn new(isa: Isa) -> Option<Self> {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Avx512Vnni::new().map(QKernel::Vnni),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Avx2::new().map(QKernel::Avx2),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx512 | Isa::Avx2 => None,
+            Isa::Portable => Some(QKernel::Portable),
+        }
+    }
+
+    fn isa(self) -> Isa {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            QKernel::Vnni(_) => Isa::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            QKernel::Avx2(_) => Isa::Avx2,
+            QKernel::Portable => Isa::Portable,
+        }
     }
 }
 
 fn run_range(
-    isa: Isa,
+    kernel: QKernel,
     p: &QPlan,
     x: &[f32],
     rows: usize,
@@ -575,13 +605,13 @@ fn run_range(
     lv: &mut [f32],
 ) {
     assert!(x.len() >= rows * p.nf && mean.len() >= rows * p.k && lv.len() >= rows * p.k);
-    match isa {
-        // SAFETY: `isa` was checked against the CPU when the engine was built.
+    match kernel {
+        // SAFETY (both): the token proves the instructions exist on this CPU.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { vnni::range(p, x, rows, sc, mean, lv) },
+        QKernel::Vnni(t) => unsafe { vnni::range(t, p, x, rows, sc, mean, lv) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { range_avx2(p, x, rows, sc, mean, lv) },
-        _ => range_portable(p, x, rows, sc, mean, lv),
+        QKernel::Avx2(t) => unsafe { range_avx2(t, p, x, rows, sc, mean, lv) },
+        QKernel::Portable => range_portable(p, x, rows, sc, mean, lv),
     }
 }
 
@@ -589,7 +619,7 @@ fn run_range(
 pub struct Int8Engine {
     plan: Arc<QPlan>,
     arch: RegressionNetConfig,
-    isa: Isa,
+    kernel: QKernel,
     threads: usize,
     pool: Option<rayon::ThreadPool>,
     scratch: Vec<QScratch>,
@@ -599,20 +629,17 @@ impl Int8Engine {
     /// Quantise `weights` for the best integer path of this CPU (AVX-512 VNNI, else the
     /// portable kernel); batches of at least 2,048 rows run on `threads` threads.
     pub fn new(weights: &HostWeights, threads: usize) -> Result<Self, InferError> {
-        let isa = if has_vnni() {
-            Isa::Avx512
-        } else if Isa::Avx2.is_supported() {
-            Isa::Avx2
-        } else {
-            Isa::Portable
-        };
+        let isa = [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .find(|&isa| QKernel::new(isa).is_some())
+            .unwrap_or(Isa::Portable);
         Self::with_isa(weights, threads, isa)
     }
 
     /// With an explicit path: `Avx512` (needs AVX-512 VNNI), `Avx2` (the portable kernel
     /// compiled for AVX2) or `Portable`.
     pub fn with_isa(weights: &HostWeights, threads: usize, isa: Isa) -> Result<Self, InferError> {
-        if !int8_isa_supported(isa) {
+        let Some(kernel) = QKernel::new(isa) else {
             return Err(InferError::Unavailable {
                 engine: "int8".into(),
                 reason: format!(
@@ -625,14 +652,14 @@ impl Int8Engine {
                     }
                 ),
             });
-        }
+        };
         let threads = threads.max(1);
         let plan = QPlan::new(weights)?;
         let scratch = (0..threads).map(|_| QScratch::new(&plan)).collect();
         Ok(Self {
             plan: Arc::new(plan),
             arch: weights.arch.clone(),
-            isa,
+            kernel,
             threads,
             pool: make_pool(threads, "int8")?,
             scratch,
@@ -641,7 +668,7 @@ impl Int8Engine {
 
     /// The path the kernels run with.
     pub fn isa(&self) -> Isa {
-        self.isa
+        self.kernel.isa()
     }
 }
 
@@ -659,7 +686,7 @@ impl Engine for Int8Engine {
     }
 
     fn forward(&mut self, x: &[f32], rows: usize, out: &mut HeadOutput) -> Result<(), InferError> {
-        let (plan, isa) = (&*self.plan, self.isa);
+        let (plan, kernel) = (&*self.plan, self.kernel);
         run_engine(
             self.pool.as_ref(),
             &mut self.scratch,
@@ -668,7 +695,7 @@ impl Engine for Int8Engine {
             (plan.nf, plan.k),
             out,
             &|s: &mut QScratch, x: &[f32], n, m: &mut [f32], l: &mut [f32]| {
-                run_range(isa, plan, x, n, s, m, l)
+                run_range(kernel, plan, x, n, s, m, l)
             },
         )
     }

@@ -20,15 +20,15 @@ use burn::tensor::{Tensor, TensorData};
 use crate::artifact::HostWeights;
 use crate::model::{RegressionNet, RegressionNetConfig};
 
+pub(crate) mod act;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fused;
 pub mod int8;
-pub mod simd;
 
+pub use crate::simd::Isa;
 pub use fused::FusedEngine;
 pub use int8::{Int8AccuracyReport, Int8Engine, int8_accuracy_on};
-pub use simd::Isa;
 
 /// Errors from an inference engine.
 #[derive(Debug, thiserror::Error)]

@@ -23,6 +23,7 @@ use super::genz::{GenzPlan, GenzQuery, genz_sum, plan};
 use super::naive::naive_count;
 use super::normal::BLOCK;
 use super::query::{MvnEstimate, Prepared};
+use crate::simd::Kernel;
 
 /// How the CPU path integrates.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -81,7 +82,7 @@ impl Work<'_> {
     fn sum(&self, host: &HostConstants, r: usize, start: usize, end: usize) -> f64 {
         match self {
             Work::Exact(p) => p * end.min(host.n).saturating_sub(start) as f64,
-            Work::Genz(g) => genz_sum(g, host, r, start, end),
+            Work::Genz(g) => genz_sum(Kernel::best(), g, host, r, start, end),
             Work::Naive(f) => naive_count(f, host, r, start, end),
         }
     }

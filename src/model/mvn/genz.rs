@@ -26,7 +26,12 @@ use super::bvn::bvn_box;
 use super::cholesky::{Factor, interval_mass};
 use super::constants::HostConstants;
 use super::normal::{BLOCK, norm_cdf};
-use super::simd::{F64s, norm_cdf as vcdf, norm_ppf as vppf, norm_tail as vtail};
+use super::simd::{norm_cdf as vcdf, norm_ppf as vppf, norm_tail as vtail};
+#[cfg(target_arch = "x86_64")]
+use crate::simd::f64x::{avx2, avx512};
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Avx2, Avx512};
+use crate::simd::{F64s, Kernel};
 
 /// What the kernel needs of one factorised query.
 #[derive(Debug, Clone)]
@@ -157,56 +162,56 @@ pub(crate) fn plan(f: &Factor, exact_bivariate: bool) -> GenzPlan<'_> {
 }
 
 /// Σ of the integrand over points `start..end` (multiples of [`BLOCK`], `end` ≤ n_pad; points
-/// at or past n count 0) of randomisation `r`.
+/// at or past n count 0) of randomisation `r`, with the vector path `kernel`.
 pub(crate) fn genz_sum(
+    kernel: Kernel,
     q: &GenzQuery<'_>,
     host: &HostConstants,
     r: usize,
     start: usize,
     end: usize,
 ) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked just above.
-            return unsafe { genz_sum_avx512(q, host, r, start, end) };
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA, checked just above.
-            return unsafe { genz_sum_avx2(q, host, r, start, end) };
-        }
+    match kernel {
+        // SAFETY (both): the token proves the instructions exist on this CPU.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512(t) => unsafe { genz_sum_avx512(t, q, host, r, start, end) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2(t) => unsafe { genz_sum_avx2(t, q, host, r, start, end) },
+        Kernel::Portable(t) => genz_sum_v::<f64, 4>(t, q, host, r, start, end),
     }
-    genz_sum_v::<f64, 4>(q, host, r, start, end)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn genz_sum_avx512(
+    t: Avx512,
     q: &GenzQuery<'_>,
     host: &HostConstants,
     r: usize,
     start: usize,
     end: usize,
 ) -> f64 {
-    genz_sum_v::<super::simd::avx512::V8, 8>(q, host, r, start, end)
+    genz_sum_v::<avx512::V8, 8>(t, q, host, r, start, end)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn genz_sum_avx2(
+    t: Avx2,
     q: &GenzQuery<'_>,
     host: &HostConstants,
     r: usize,
     start: usize,
     end: usize,
 ) -> f64 {
-    genz_sum_v::<super::simd::avx2::V4, 4>(q, host, r, start, end)
+    genz_sum_v::<avx2::V4, 4>(t, q, host, r, start, end)
 }
 
 /// The kernel over `U` vectors of `V` at a time (U·LANES points, a divisor of [`BLOCK`]),
 /// coordinate by coordinate; Φ and Φ⁻¹ run on all U vectors interleaved.
 #[inline(always)]
 fn genz_sum_v<V: F64s, const U: usize>(
+    tk: V::Token,
     q: &GenzQuery<'_>,
     host: &HostConstants,
     r: usize,
@@ -217,21 +222,21 @@ fn genz_sum_v<V: F64s, const U: usize>(
     debug_assert_eq!(BLOCK % g, 0);
     let d = q.f.d;
     let n = host.n;
-    let zero = V::splat(0.0);
-    let one = V::splat(1.0);
+    let zero = V::splat(tk, 0.0);
+    let one = V::splat(tk, 1.0);
     let mut y: Vec<[V; U]> = vec![[zero; U]; q.int_dim];
     let mut acc = [zero; U];
     let mut last = 0.0;
     let mut base = start;
     while base < end {
-        let mut prod = [V::splat(q.wid0); U];
+        let mut prod = [V::splat(tk, q.wid0); U];
         // Pivot 0: the same interval for every point.
         {
             let u = &host.u(r, 0)[base..base + g];
-            let (lo, wid) = (V::splat(q.lo0), V::splat(q.wid0));
+            let (lo, wid) = (V::splat(tk, q.lo0), V::splat(tk, q.wid0));
             let mut t = [zero; U];
             for k in 0..U {
-                let uk = V::load(&u[k * V::LANES..]);
+                let uk = V::load(tk, &u[k * V::LANES..]);
                 let w = if q.flip0 { one.sub(uk) } else { uk };
                 t[k] = w.fma(wid, lo);
             }
@@ -244,12 +249,12 @@ fn genz_sum_v<V: F64s, const U: usize>(
             let c = &q.coef[q.row[i]..q.row[i + 1]];
             let mut s = [zero; U];
             for (kk, &cik) in c.iter().enumerate() {
-                let cv = V::splat(cik);
+                let cv = V::splat(tk, cik);
                 for k in 0..U {
                     s[k] = cv.fma(y[kk][k], s[k]);
                 }
             }
-            let (sa, sb) = (V::splat(q.sa[i]), V::splat(q.sb[i]));
+            let (sa, sb) = (V::splat(tk, q.sa[i]), V::splat(tk, q.sb[i]));
             let mut lo = [zero; U];
             let mut wid = [one; U];
             let mut flip: Option<[V::M; U]> = None;
@@ -311,7 +316,7 @@ fn genz_sum_v<V: F64s, const U: usize>(
                 let u = &host.u(r, i)[base..base + g];
                 let mut t = [zero; U];
                 for k in 0..U {
-                    let uk = V::load(&u[k * V::LANES..]);
+                    let uk = V::load(tk, &u[k * V::LANES..]);
                     let w = match flip {
                         None => uk,
                         Some(fl) => V::select(fl[k], one.sub(uk), uk),
@@ -346,4 +351,70 @@ fn genz_sum_v<V: F64s, const U: usize>(
         total = total.add(*a);
     }
     total.hsum() + last
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+    use crate::model::mvn::cholesky::factor;
+    use crate::model::mvn::constants::RawConstants;
+    use crate::model::mvn::query::prepare;
+    use crate::rng::SplitMix64;
+    use crate::simd::Isa;
+
+    /// Every vector path this CPU has gives the same sums (to rounding) on random
+    /// correlation structures with limits in the tails, where Φ and Φ⁻¹ take their rare
+    /// branches.
+    #[test]
+    fn every_cpu_path_agrees_on_random_queries() {
+        let kernels: Vec<Kernel> = [Isa::Avx512, Isa::Avx2, Isa::Portable]
+            .into_iter()
+            .filter_map(Kernel::new)
+            .collect();
+        let raw = RawConstants::generate(2 * BLOCK, 8, 2, 7, false);
+        let host = HostConstants::from_raw(&raw, false);
+        let mut rng = SplitMix64::new(11);
+        let mut checked = 0;
+        for case in 0..40 {
+            let d = 2 + case % 7;
+            // A random correlation matrix: normalised W·Wᵀ + a ridge.
+            let w: Vec<f64> = (0..d * d).map(|_| rng.next_f64() * 2.0 - 1.0).collect();
+            let mut cov = vec![0.0; d * d];
+            for i in 0..d {
+                for j in 0..d {
+                    let ridge = if i == j { 0.05 } else { 0.0 };
+                    cov[i * d + j] =
+                        (0..d).map(|k| w[i * d + k] * w[j * d + k]).sum::<f64>() + ridge;
+                }
+            }
+            let diag: Vec<f64> = (0..d).map(|i| cov[i * d + i].sqrt()).collect();
+            for i in 0..d {
+                for j in 0..d {
+                    cov[i * d + j] /= diag[i] * diag[j];
+                }
+            }
+            // Upper limits from deep lower tail to far upper tail.
+            let upper: Vec<f64> = (0..d).map(|_| rng.next_f64() * 16.0 - 9.0).collect();
+            let p = prepare(case, 8, &upper, None, None, &cov).expect("valid query");
+            let f = factor(case, &p).expect("positive definite");
+            let GenzPlan::Integrate(q) = plan(&f, false) else {
+                continue;
+            };
+            let sums: Vec<f64> = kernels
+                .iter()
+                .map(|&k| genz_sum(k, &q, &host, 1, 0, host.n_pad))
+                .collect();
+            // The portable path is last.
+            let portable = sums[sums.len() - 1];
+            for (k, got) in kernels.iter().zip(&sums) {
+                assert!(
+                    (got - portable).abs() <= 1e-11 * portable.abs() + 1e-300,
+                    "case {case} (d = {d}): {:?} sums to {got:e}, portable {portable:e}",
+                    k.isa()
+                );
+            }
+            checked += 1;
+        }
+        assert!(checked > 20, "only {checked} queries needed integration");
+    }
 }

@@ -1,92 +1,22 @@
-//! A small SIMD abstraction for the fused kernels, plus vectorised `exp`, `tanh`, `erf`.
-//!
-//! Kernels are written once, generic over [`F32x`], and every method is `#[inline(always)]`:
-//! a kernel instantiated inside a `#[target_feature(enable = "avx512f")]` entry point is
-//! compiled to AVX-512 code, the same kernel inside an `avx2,fma` entry point to AVX2, and
-//! inside a plain function to whatever the baseline target gives (the [`Portable`] lanes are
-//! plain arrays that LLVM vectorises to SSE2 on x86-64 or NEON on aarch64). The ISA is picked
-//! once, at engine build time, by runtime feature detection ([`Isa::detect`]).
+//! f32 vectors for the inference kernels ([`F32x`], implemented by the CPU tokens), and
+//! vectorised `exp`, `tanh`, `erf`, SiLU and GELU written once over it.
 //!
 //! The transcendental functions are branch-free polynomial/rational approximations with
-//! a maximum error of a few f32 ulps (tested against f64 references in this module), so the
-//! fused engine stays within 1e-5 absolute of Burn's f32 forward for every activation.
+//! a maximum error of a few f32 ulps (tested against f64 references through every path the
+//! CPU has, in `infer::act`), so the fused engine stays within 1e-5 absolute of Burn's f32
+//! forward for every activation.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Instruction sets the CPU kernels are compiled for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Isa {
-    /// AVX-512F (16 f32 lanes, 32 registers); the int8 engine also needs AVX-512 VNNI+BW.
-    Avx512,
-    /// AVX2 + FMA (8 f32 lanes, 16 registers).
-    Avx2,
-    /// Portable code (8-lane arrays vectorised by the compiler for the baseline target).
-    Portable,
-}
+use super::Portable;
+#[cfg(target_arch = "x86_64")]
+use super::{Avx2, Avx512};
 
-impl Isa {
-    /// The best instruction set this CPU supports.
-    pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
-    }
-
-    /// Every instruction set this CPU can run, best first.
-    pub fn available() -> Vec<Isa> {
-        let mut v = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                v.push(Isa::Avx512);
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(Isa::Avx2);
-            }
-        }
-        v.push(Isa::Portable);
-        v
-    }
-
-    /// Whether this CPU can run `self`.
-    pub fn is_supported(self) -> bool {
-        Isa::available().contains(&self)
-    }
-
-    /// A short name (`avx512`, `avx2`, `portable`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Avx512 => "avx512",
-            Isa::Avx2 => "avx2",
-            Isa::Portable => "portable",
-        }
-    }
-
-    /// f32 lanes per vector.
-    pub fn lanes(self) -> usize {
-        match self {
-            Isa::Avx512 => 16,
-            Isa::Avx2 | Isa::Portable => 8,
-        }
-    }
-
-    /// Peak f32 FLOP per cycle per core (two FMA pipes): used only to describe results.
-    pub fn flop_per_cycle(self) -> usize {
-        2 * 2 * self.lanes()
-    }
-}
-
-/// A vector of f32 lanes. All methods are `unsafe` because the x86 implementations are only
-/// sound on CPUs with the matching features; callers guarantee that via [`Isa`] detection.
-/// Pointers passed to `load`/`store` must be valid for `LANES` f32 values.
+/// A vector of f32 lanes, implemented by the CPU tokens ([`Avx512`], [`Avx2`], [`Portable`]):
+/// every method takes the token as `self`, so the CPU feature is proven before a kernel can
+/// execute an instruction. The methods stay `unsafe` for the pointer arguments of
+/// `load`/`store`/`gather`/`scatter`, which must be valid for the lanes they touch.
 pub(crate) trait F32x: Copy {
     /// The vector type.
     type V: Copy;
@@ -124,11 +54,6 @@ pub(crate) trait F32x: Copy {
         unsafe { self.splat(0.0) }
     }
 }
-
-/// AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-pub(crate) struct Avx512;
 
 #[cfg(target_arch = "x86_64")]
 impl F32x for Avx512 {
@@ -242,11 +167,6 @@ impl F32x for Avx512 {
     }
 }
 
-/// AVX2 + FMA.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-pub(crate) struct Avx2;
-
 #[cfg(target_arch = "x86_64")]
 impl F32x for Avx2 {
     type V = __m256;
@@ -347,10 +267,6 @@ impl F32x for Avx2 {
         }
     }
 }
-
-/// Portable 8-lane arrays.
-#[derive(Clone, Copy)]
-pub(crate) struct Portable;
 
 type P8 = [f32; 8];
 
@@ -557,36 +473,37 @@ unsafe fn fma_chains<S: F32x, const A: usize>(s: S, n: usize) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn peak_avx512(n: usize) -> f32 {
-    unsafe { fma_chains::<Avx512, 24>(Avx512, n) }
+unsafe fn peak_avx512(t: Avx512, n: usize) -> f32 {
+    unsafe { fma_chains::<Avx512, 24>(t, n) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn peak_avx2(n: usize) -> f32 {
-    unsafe { fma_chains::<Avx2, 12>(Avx2, n) }
+unsafe fn peak_avx2(t: Avx2, n: usize) -> f32 {
+    unsafe { fma_chains::<Avx2, 12>(t, n) }
 }
 
 /// One core's f32 FMA throughput in GFLOP/s, measured for about `time` on every vector width
 /// this CPU has (the widest is not always the fastest: some cores have a single 512-bit FMA
 /// port but two 256-bit ones), the best of them.
 pub fn measure_peak_gflops(time: std::time::Duration) -> f64 {
-    let isa = Isa::detect();
     // (lanes, independent chains, kernel)
-    type Candidate = (usize, usize, fn(usize) -> f32);
-    let mut candidates: Vec<Candidate> =
-        vec![(8, 8, |n| unsafe { fma_chains::<Portable, 8>(Portable, n) })];
+    type Candidate = Box<dyn Fn(usize) -> f32>;
+    let mut candidates: Vec<(usize, usize, Candidate)> = vec![(
+        8,
+        8,
+        Box::new(|n| unsafe { fma_chains::<Portable, 8>(Portable, n) }),
+    )];
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY (both): only pushed when `isa` detected the instructions on this CPU.
-        if matches!(isa, Isa::Avx2 | Isa::Avx512) {
-            candidates.push((8, 12, |n| unsafe { peak_avx2(n) }));
+        // SAFETY (both): the token proves the instructions exist on this CPU.
+        if let Some(t) = Avx2::new() {
+            candidates.push((8, 12, Box::new(move |n| unsafe { peak_avx2(t, n) })));
         }
-        if isa == Isa::Avx512 {
-            candidates.push((16, 24, |n| unsafe { peak_avx512(n) }));
+        if let Some(t) = Avx512::new() {
+            candidates.push((16, 24, Box::new(move |n| unsafe { peak_avx512(t, n) })));
         }
     }
-    let _ = isa;
     candidates
         .into_iter()
         .map(|(lanes, chains, run)| {
@@ -602,155 +519,4 @@ pub fn measure_peak_gflops(time: std::time::Duration) -> f64 {
             }
         })
         .fold(0.0, f64::max)
-}
-
-/// An activation applied in a kernel epilogue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Act {
-    /// None (the heads).
-    Identity,
-    /// max(x, 0).
-    Relu,
-    /// Exact (erf) GELU.
-    Gelu,
-    /// tanh.
-    Tanh,
-    /// x · sigmoid(x).
-    Silu,
-}
-
-impl From<crate::config::Activation> for Act {
-    fn from(a: crate::config::Activation) -> Self {
-        use crate::config::Activation as A;
-        match a {
-            A::Relu => Act::Relu,
-            A::Gelu => Act::Gelu,
-            A::Tanh => Act::Tanh,
-            A::Silu => Act::Silu,
-        }
-    }
-}
-
-/// Apply `act` to one vector.
-#[inline(always)]
-pub(crate) unsafe fn apply<S: F32x>(s: S, act: Act, v: S::V) -> S::V {
-    unsafe {
-        match act {
-            Act::Identity => v,
-            Act::Relu => s.max(v, s.zero()),
-            Act::Gelu => gelu(s, v),
-            Act::Tanh => tanh(s, v),
-            Act::Silu => silu(s, v),
-        }
-    }
-}
-
-/// Scalar reference of an activation through the same vector code (portable lanes).
-#[cfg(test)]
-pub(crate) fn apply_scalar(act: Act, x: f32) -> f32 {
-    // SAFETY: the portable implementation has no CPU requirements.
-    unsafe { apply(Portable, act, [x; 8])[0] }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// erf in f64 by its Maclaurin series (|x| ≤ 4.5: ample precision for f32 checks).
-    fn erf64(x: f64) -> f64 {
-        if x.abs() > 4.5 {
-            return x.signum(); // 1 − erf(4.5) < 2e-10
-        }
-        let (mut term, mut sum, mut n) = (x, x, 0.0f64);
-        while term.abs() > 1e-17 * sum.abs().max(1e-300) || n < 5.0 {
-            n += 1.0;
-            term *= -x * x / n;
-            sum += term / (2.0 * n + 1.0);
-            if n > 200.0 {
-                break;
-            }
-        }
-        sum * 2.0 / std::f64::consts::PI.sqrt()
-    }
-
-    fn grid() -> impl Iterator<Item = f32> {
-        (-12_000..=12_000).map(|i| i as f32 * 1e-3)
-    }
-
-    fn check(isa: Isa, name: &str, f: impl Fn(f64) -> f64, act: Act, tol: f64) {
-        let mut worst = (0.0f64, 0.0f32);
-        for x in grid() {
-            let got = run_act(isa, act, x) as f64;
-            let want = f(x as f64);
-            let err = (got - want).abs() / want.abs().max(1.0);
-            if err > worst.0 {
-                worst = (err, x);
-            }
-        }
-        assert!(
-            worst.0 < tol,
-            "{name} on {isa:?}: error {:.3e} at x = {}",
-            worst.0,
-            worst.1
-        );
-    }
-
-    fn run_act(isa: Isa, act: Act, x: f32) -> f32 {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                #[target_feature(enable = "avx512f")]
-                unsafe fn f(act: Act, x: f32) -> f32 {
-                    let mut o = [0f32; 16];
-                    unsafe { Avx512.store(o.as_mut_ptr(), apply(Avx512, act, Avx512.splat(x))) };
-                    o[3]
-                }
-                unsafe { f(act, x) }
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn f(act: Act, x: f32) -> f32 {
-                    let mut o = [0f32; 8];
-                    unsafe { Avx2.store(o.as_mut_ptr(), apply(Avx2, act, Avx2.splat(x))) };
-                    o[5]
-                }
-                unsafe { f(act, x) }
-            }
-            _ => apply_scalar(act, x),
-        }
-    }
-
-    #[test]
-    fn activations_match_f64_references_on_every_isa() {
-        for isa in Isa::available() {
-            check(isa, "relu", |x| x.max(0.0), Act::Relu, 1e-9);
-            check(isa, "tanh", f64::tanh, Act::Tanh, 3e-7);
-            check(isa, "silu", |x| x / (1.0 + (-x).exp()), Act::Silu, 3e-7);
-            check(
-                isa,
-                "gelu",
-                |x| 0.5 * x * (1.0 + erf64(x / std::f64::consts::SQRT_2)),
-                Act::Gelu,
-                // `1 + erf` cancels for large negative x: even an exact f32 erf leaves
-                // |x| · 2⁻²⁴ there (Burn's libm-based GELU included).
-                1.5e-6,
-            );
-        }
-    }
-
-    #[test]
-    fn exp_is_accurate_and_saturates() {
-        for i in -8700..=8800 {
-            let x = i as f32 * 0.01;
-            let got = unsafe { exp(Portable, [x; 8])[0] } as f64;
-            let want = (x as f64).exp();
-            assert!(
-                (got - want).abs() / want < 3e-7,
-                "exp({x}) = {got}, want {want}"
-            );
-        }
-        assert!(unsafe { exp(Portable, [-1000.0; 8])[0] } < 1e-37);
-        assert!(unsafe { exp(Portable, [1000.0; 8])[0] }.is_finite());
-    }
 }
