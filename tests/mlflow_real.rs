@@ -526,11 +526,9 @@ fn a_sweep_is_one_parent_run_with_a_child_per_member() {
     let parent = parents[0];
     let parent_id = parent["info"]["run_id"].as_str().unwrap();
     assert_eq!(parent["info"]["status"], "FINISHED");
-    assert!(
-        params(parent).contains_key("grid.model:2Ehidden"),
-        "{:?}",
-        params(parent)
-    );
+    let p = params(parent);
+    assert_eq!(p["grid.model:2Ehidden.0"], "[4]", "{p:?}");
+    assert_eq!(p["grid.model:2Ehidden.1"], "[8]", "{p:?}");
     let mut children: Vec<String> = Vec::new();
     for r in runs.iter().filter(|r| r["info"]["run_id"] != parent_id) {
         let t = tags(r);
