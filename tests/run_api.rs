@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use kiln::config;
-use kiln::observe::mlflow::Mirror;
+use kiln::observe::mlflow::{Client, MirrorOptions};
 use kiln::observe::registry::Registry;
 use kiln::records::{EpochRecord, NewRun, RunDir, RunEnd};
 use kiln::run::{
@@ -151,8 +151,13 @@ fn a_full_run_through_the_library_with_registry_and_mlflow_observers() {
     run.observe(Box::new(RegistryObserver::new(
         Registry::open(&registry_path).unwrap(),
     )));
-    let mirror = Mirror::start(&uri, "kiln-tiny", run.dir(), run.config()).unwrap();
-    run.observe(Box::new(MlflowObserver::new(mirror)));
+    let options = MirrorOptions {
+        experiment: "kiln-tiny".into(),
+        parent_run_id: None,
+        queue_capacity: 256,
+    };
+    let mirror = MlflowObserver::new(Client::new(&uri).unwrap(), options, run.config());
+    run.observe(Box::new(mirror));
     let dir = run.dir().clone();
     let summary = run.execute().unwrap();
 

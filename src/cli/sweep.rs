@@ -42,8 +42,21 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
         threads,
         registry_path.display()
     );
+    // With MLFLOW_TRACKING_URI set, the sweep is a parent run and each member its child.
+    let parent = kiln::observe::mlflow::SweepParent::from_env(
+        args.spec,
+        &serde_json::to_value(&spec)?,
+        &base,
+    );
+    if let Some(p) = &parent {
+        eprintln!(
+            "MLflow: parent run {} in experiment {:?}",
+            p.state.run_id, p.experiment
+        );
+    }
     let launcher = ProcessLauncher {
         exe: std::env::current_exe()?,
+        env: parent.as_ref().map(|p| p.child_env()).unwrap_or_default(),
     };
     let on_done = |n: usize, total: usize, m: &Member| {
         eprintln!(
@@ -65,10 +78,22 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
             on_done: Some(&on_done),
         },
     )
-    .map_err(|e| match e {
-        SweepError::Config(_) => CliError::input(e),
-        other => CliError::from(other),
+    .map_err(|e| {
+        if let Some(p) = &parent {
+            p.finish(total, total, None);
+        }
+        match e {
+            SweepError::Config(_) => CliError::input(e),
+            other => CliError::from(other),
+        }
     })?;
+    if let Some(p) = &parent {
+        p.finish(
+            report.runs.len(),
+            report.failed,
+            report.best.and_then(|b| report.runs[b].val_metric),
+        );
+    }
     let members = &report.runs;
     let failed = report.failed;
     let id = |i: Option<usize>| i.and_then(|i| members[i].run_id.clone());

@@ -53,8 +53,8 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
     };
     let mut run = TrainingRun::new(loaded, options).map_err(run_error)?;
     run.observe(Box::new(RegistryObserver::new(registry)));
-    if let Some(mirror) = kiln::observe::mlflow::Mirror::from_env(run.dir(), run.config()) {
-        run.observe(Box::new(kiln::run::MlflowObserver::new(mirror)));
+    if let Some(mirror) = kiln::run::MlflowObserver::from_env(run.config()) {
+        run.observe(Box::new(mirror));
     }
     let summary = run.execute().map_err(run_error)?;
     print_summary(&summary, args.progress == ProgressMode::Quiet);

@@ -60,29 +60,102 @@ impl RunObserver for RegistryObserver {
     }
 }
 
-/// Mirrors the run to an MLflow tracking server at its end (params at start, metrics of
-/// every epoch in `epochs.jsonl`, the end status).
+/// Mirrors the run to an MLflow tracking server (see [`crate::observe::mlflow::Mirror`]): the
+/// MLflow run is created (or, on `--resume`, continued) at the start, each epoch's metrics
+/// are queued to a background sender as the epoch ends, and the end sends the summary,
+/// dataset input, artifacts and final status. A failing server never stops or slows the run.
 #[cfg(feature = "mlflow")]
 pub struct MlflowObserver {
-    mirror: crate::observe::mlflow::Mirror,
+    client: crate::observe::mlflow::Client,
+    options: crate::observe::mlflow::MirrorOptions,
+    loaded: crate::config::LoadedConfig,
+    mirror: Mutex<Option<crate::observe::mlflow::Mirror>>,
+    report: Mutex<Option<crate::observe::mlflow::MirrorReport>>,
 }
 
 #[cfg(feature = "mlflow")]
 impl MlflowObserver {
-    /// Observe with a started mirror.
-    pub fn new(mirror: crate::observe::mlflow::Mirror) -> Self {
-        Self { mirror }
+    /// Observe with `client` and `options`; the MLflow run starts in `on_start`.
+    pub fn new(
+        client: crate::observe::mlflow::Client,
+        options: crate::observe::mlflow::MirrorOptions,
+        loaded: &crate::config::LoadedConfig,
+    ) -> Self {
+        Self {
+            client,
+            options,
+            loaded: loaded.clone(),
+            mirror: Mutex::new(None),
+            report: Mutex::new(None),
+        }
+    }
+
+    /// An observer when `MLFLOW_TRACKING_URI` is set (options from MLflow's environment
+    /// variables, see [`crate::observe::mlflow`]); `None` when it is unset, or after one
+    /// warning when the variables cannot be used.
+    pub fn from_env(loaded: &crate::config::LoadedConfig) -> Option<Self> {
+        use crate::observe::mlflow::{Client, ClientOptions, MirrorOptions};
+        let uri = std::env::var("MLFLOW_TRACKING_URI")
+            .ok()
+            .filter(|u| !u.is_empty())?;
+        match ClientOptions::from_env().and_then(|o| Client::with_options(&uri, &o)) {
+            Ok(client) => Some(Self::new(client, MirrorOptions::from_env(loaded), loaded)),
+            Err(e) => {
+                tracing::warn!("MLflow mirror disabled: {e}");
+                None
+            }
+        }
+    }
+
+    /// The MLflow run id, once the run started.
+    pub fn run_id(&self) -> Option<String> {
+        self.mirror
+            .lock()
+            .ok()
+            .and_then(|m| m.as_ref().map(|m| m.run_id().to_string()))
+    }
+
+    /// What was sent and what could not be, once the run ended.
+    pub fn report(&self) -> Option<crate::observe::mlflow::MirrorReport> {
+        self.report.lock().ok().and_then(|r| r.clone())
     }
 }
 
 #[cfg(feature = "mlflow")]
 impl RunObserver for MlflowObserver {
+    fn on_start(&self, run: &RunDir, _start: &NewRun<'_>) -> Result<(), ObserverError> {
+        let started = crate::observe::mlflow::Mirror::start(
+            self.client.clone(),
+            &self.options,
+            run,
+            &self.loaded,
+        );
+        match started {
+            Ok(m) => {
+                if let Ok(mut slot) = self.mirror.lock() {
+                    *slot = Some(m);
+                }
+            }
+            Err(e) => tracing::warn!("MLflow mirror disabled: {e}"),
+        }
+        Ok(())
+    }
+
+    fn on_epoch(&self, _run: &RunDir, record: &EpochRecord) {
+        if let Ok(m) = self.mirror.lock()
+            && let Some(m) = m.as_ref()
+        {
+            m.log_epoch(record);
+        }
+    }
+
     fn on_end(&self, run: &RunDir, end: &RunEnd) {
-        let epochs: Vec<EpochRecord> = std::fs::read_to_string(run.epochs_file())
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        self.mirror.finish(&epochs, end);
+        let mirror = self.mirror.lock().ok().and_then(|mut m| m.take());
+        if let Some(m) = mirror {
+            let report = m.finish(run, end);
+            if let Ok(mut r) = self.report.lock() {
+                *r = Some(report);
+            }
+        }
     }
 }

@@ -52,11 +52,16 @@ pub trait Launcher: Sync {
     fn launch(&self, req: &LaunchRequest<'_>) -> Launched;
 }
 
-/// Each member is `EXE train BASE -q --registry R --set …` with `RAYON_NUM_THREADS=T`.
+/// Each member is `EXE train BASE -q --registry R --set …` with `RAYON_NUM_THREADS=T` and
+/// `env` added to the inherited environment (e.g. the MLflow parent run of the sweep). Every
+/// line of the member's stderr that mentions a warning is reported back, whether the member
+/// finished or failed.
 #[derive(Debug, Clone)]
 pub struct ProcessLauncher {
     /// The `kiln` executable.
     pub exe: PathBuf,
+    /// Extra environment variables for every member.
+    pub env: Vec<(String, String)>,
 }
 
 impl Launcher for ProcessLauncher {
@@ -70,6 +75,7 @@ impl Launcher for ProcessLauncher {
         for o in req.overrides {
             cmd.arg("--set").arg(o);
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.env("RAYON_NUM_THREADS", req.threads.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -52,13 +52,25 @@
 //! - strings are logged as they are, other scalars as JSON (`true`, `0.001`); values longer
 //!   than [`MAX_PARAM_VALUE`] characters are truncated to that length when logged.
 //!
+//! - a name longer than MLflow's [`MAX_KEY_LENGTH`] (250 characters) keeps its first 217
+//!   characters, followed by `/` and the first 32 hex digits of the SHA-256 of the whole name
+//!   ([`fit_name`]).
+//!
 //! Two different leaves can never share a key: after escaping, a segment contains no `.`
 //! and a `:` only as the start of an escape (`:XX`) or as the whole empty-key segment, so a
 //! key splits back into its segments and each segment decodes to exactly one object key or
 //! index. Where two leaves' paths first differ they sit under the same parent, which is
 //! either an object (two different keys, which escape differently) or an array (two
 //! different indices); a numeric object key such as `"0"` cannot meet an array index because
-//! one parent is never both an object and an array.
+//! one parent is never both an object and an array. A `/` never appears in an unshortened
+//! name (it is escaped inside keys), so a shortened name cannot meet an unshortened one, and
+//! two shortened names meet only if 128 bits of SHA-256 collide.
+//!
+//! # The mirrored run
+//!
+//! See [`Mirror`]: the MLflow run id is stored in the run directory (`mlflow.json`), metrics
+//! are sent as each epoch ends by a background sender, artifacts go through the proxied
+//! artifact store, and sweeps become a parent run with one child per member.
 
 use std::fmt;
 use std::time::Duration;
@@ -69,17 +81,26 @@ use serde_json::{Value, json};
 use ureq::http;
 use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig, TlsProvider};
 
-use super::registry::RunEnd;
-use crate::config::LoadedConfig;
-use crate::records::EpochRecord;
-use crate::records::RunDir;
+mod mirror;
+
+pub use mirror::{
+    ENV_PARENT_RUN_ID, Mirror, MirrorOptions, MirrorReport, MirrorState, STATE_FILE, SweepParent,
+    mark_stale_runs_killed,
+};
 
 /// MLflow's per-request limits for runs/log-batch.
 pub const MAX_METRICS_PER_BATCH: usize = 1000;
 /// Params per runs/log-batch request.
 pub const MAX_PARAMS_PER_BATCH: usize = 100;
-/// Longest param value MLflow accepts.
+/// Longest param value MLflow keeps (longer values are cut by the server; kiln cuts them
+/// first, by characters).
 pub const MAX_PARAM_VALUE: usize = 6000;
+/// Longest tag value MLflow accepts.
+pub const MAX_TAG_VALUE: usize = 8000;
+/// Metrics, params and tags together per runs/log-batch request.
+pub const MAX_ENTITIES_PER_BATCH: usize = 1000;
+/// Longest param, metric or tag name MLflow accepts.
+pub const MAX_KEY_LENGTH: usize = 250;
 
 /// Default limit for establishing a connection (DNS, TCP and TLS handshake).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -96,7 +117,7 @@ const MAX_RETRIES_LIMIT: u32 = 10;
 const URI_FORMS: &str = "http://host[:port][/prefix] or https://host[:port][/prefix]";
 
 /// Characters left as they are in a query-string value: RFC 3986's unreserved set.
-const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+pub(super) const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'_')
     .remove(b'.')
@@ -179,6 +200,14 @@ pub enum MlflowError {
         expected: &'static str,
         /// The answer (shortened).
         body: String,
+    },
+    /// An artifact could not be uploaded before any request was made.
+    #[error("artifact {name}: {problem}")]
+    Artifact {
+        /// The artifact path.
+        name: String,
+        /// Why.
+        problem: String,
     },
     /// The run's config could not be turned into JSON for the params.
     #[error("cannot serialise the run config into MLflow params: {0}")]
@@ -487,7 +516,7 @@ fn is_transient(e: &ureq::Error) -> bool {
 }
 
 /// The first `max` characters of `s`.
-fn truncate_chars(s: &str, max: usize) -> &str {
+pub(super) fn truncate_chars(s: &str, max: usize) -> &str {
     match s.char_indices().nth(max) {
         Some((i, _)) => &s[..i],
         None => s,
@@ -575,11 +604,25 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(u16, Value), MlflowError> {
-        let url = self.url(path);
         let payload = body.map(|b| b.to_string().into_bytes());
+        self.call_raw(
+            method,
+            path,
+            payload.as_deref().map(|p| ("application/json", p)),
+        )
+    }
+
+    /// [`Client::call`] with a body of any content type: `(content type, bytes)`.
+    pub fn call_raw(
+        &self,
+        method: &str,
+        path: &str,
+        payload: Option<(&str, &[u8])>,
+    ) -> Result<(u16, Value), MlflowError> {
+        let url = self.url(path);
         let mut tries = 1;
         loop {
-            let result = self.send_once(method, &url, payload.as_deref());
+            let result = self.send_once(method, &url, payload);
             let transient = match &result {
                 Ok((status, _)) => *status >= 500,
                 Err(e) => is_transient(e),
@@ -609,7 +652,7 @@ impl Client {
         &self,
         method: &str,
         url: &str,
-        payload: Option<&[u8]>,
+        payload: Option<(&str, &[u8])>,
     ) -> Result<(u16, Value), ureq::Error> {
         let mut request = http::Request::builder()
             .method(method)
@@ -619,9 +662,9 @@ impl Client {
             request = request.header("authorization", auth);
         }
         let mut response = match payload {
-            Some(p) => self
+            Some((content_type, p)) => self
                 .agent
-                .run(request.header("content-type", "application/json").body(p)?)?,
+                .run(request.header("content-type", content_type).body(p)?)?,
             None => self.agent.run(request.body(())?)?,
         };
         let status = response.status().as_u16();
@@ -650,7 +693,7 @@ impl Client {
     }
 
     /// A request whose answer must be 2xx.
-    fn request_ok(
+    pub(super) fn request_ok(
         &self,
         method: &str,
         path: &str,
@@ -664,12 +707,27 @@ impl Client {
         }
     }
 
-    fn post(&self, path: &str, body: &Value) -> Result<Value, MlflowError> {
+    /// A request with a raw body whose answer must be 2xx.
+    pub(super) fn request_raw_ok(
+        &self,
+        method: &str,
+        path: &str,
+        payload: (&str, &[u8]),
+    ) -> Result<Value, MlflowError> {
+        let (status, v) = self.call_raw(method, path, Some(payload))?;
+        if (200..300).contains(&status) {
+            Ok(v)
+        } else {
+            Err(status_error(method, self.url(path), status, &v))
+        }
+    }
+
+    pub(super) fn post(&self, path: &str, body: &Value) -> Result<Value, MlflowError> {
         self.request_ok("POST", path, Some(body))
     }
 
     /// The string at `pointer` in an answer to `method path`.
-    fn field(
+    pub(super) fn field(
         &self,
         v: &Value,
         pointer: &str,
@@ -689,7 +747,7 @@ impl Client {
     }
 
     /// The id of the experiment called `name`, created when it does not exist.
-    fn experiment_id(&self, name: &str) -> Result<String, MlflowError> {
+    pub(super) fn experiment_id(&self, name: &str) -> Result<String, MlflowError> {
         let get = format!(
             "/api/2.0/mlflow/experiments/get-by-name?experiment_name={}",
             utf8_percent_encode(name, QUERY_VALUE)
@@ -743,7 +801,7 @@ fn status_error(method: &str, url: String, status: u16, v: &Value) -> MlflowErro
 }
 
 /// Escape an object key into one param-name segment (see the module docs).
-fn escape_key(key: &str) -> String {
+pub(super) fn escape_key(key: &str) -> String {
     if key.is_empty() {
         return ":".into();
     }
@@ -784,167 +842,37 @@ pub fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, String)>) {
                 flatten(&join(&i.to_string()), x, out);
             }
         }
-        Value::String(s) => out.push((prefix.to_string(), s.clone())),
-        other => out.push((prefix.to_string(), other.to_string())),
+        Value::String(s) => out.push((fit_name(prefix), s.clone())),
+        other => out.push((fit_name(prefix), other.to_string())),
     }
 }
 
-fn now_ms() -> i64 {
+/// A flattened name within MLflow's [`MAX_KEY_LENGTH`]: longer (ASCII) names keep their first
+/// `MAX_KEY_LENGTH - 33` characters, then `/` and the first 32 hex digits of the SHA-256 of
+/// the whole name (see the module docs).
+pub fn fit_name(name: &str) -> String {
+    if name.len() <= MAX_KEY_LENGTH {
+        return name.to_string();
+    }
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(name.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let mut keep = MAX_KEY_LENGTH - 33;
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}/{hex}", &name[..keep])
+}
+
+pub(super) fn now_ms() -> i64 {
     (crate::util::unix_now() * 1000.0) as i64
-}
-
-/// An MLflow run mirroring a kiln run.
-#[derive(Debug)]
-pub struct Mirror {
-    client: Client,
-    /// MLflow's run id.
-    pub run_id: String,
-}
-
-impl Mirror {
-    /// Start mirroring when `MLFLOW_TRACKING_URI` is set, with [`ClientOptions::from_env`];
-    /// `None` (after a warning) on any failure.
-    pub fn from_env(run: &RunDir, loaded: &LoadedConfig) -> Option<Self> {
-        let uri = std::env::var("MLFLOW_TRACKING_URI")
-            .ok()
-            .filter(|u| !u.is_empty())?;
-        let experiment = std::env::var("MLFLOW_EXPERIMENT_NAME")
-            .ok()
-            .filter(|e| !e.is_empty())
-            .unwrap_or_else(|| format!("kiln-{}", loaded.config.name));
-        let started = ClientOptions::from_env()
-            .and_then(|options| Client::with_options(&uri, &options))
-            .and_then(|client| Self::start_with(client, &experiment, run, loaded));
-        match started {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::warn!("MLflow mirror disabled: {e}");
-                eprintln!("warning: MLflow mirror disabled: {e}");
-                None
-            }
-        }
-    }
-
-    /// [`Mirror::start_with`] a [`Client::new`] for `uri` (default options: no credentials,
-    /// nothing read from the environment).
-    pub fn start(
-        uri: &str,
-        experiment: &str,
-        run: &RunDir,
-        loaded: &LoadedConfig,
-    ) -> Result<Self, MlflowError> {
-        Self::start_with(Client::new(uri)?, experiment, run, loaded)
-    }
-
-    /// Create (or find) the experiment, create the run and log the config as params
-    /// (flattened as the module docs describe, values truncated to [`MAX_PARAM_VALUE`]
-    /// characters).
-    pub fn start_with(
-        client: Client,
-        experiment: &str,
-        run: &RunDir,
-        loaded: &LoadedConfig,
-    ) -> Result<Self, MlflowError> {
-        let experiment_id = client.experiment_id(experiment)?;
-        let create = "/api/2.0/mlflow/runs/create";
-        let created = client.post(
-            create,
-            &json!({
-                "experiment_id": experiment_id,
-                "start_time": now_ms(),
-                "run_name": run.id,
-                "tags": [
-                    {"key": "kiln.run_id", "value": run.id},
-                    {"key": "kiln.run_dir", "value": run.path.display().to_string()},
-                    {"key": "mlflow.source.name", "value": "kiln train"},
-                ],
-            }),
-        )?;
-        let run_id = client.field(
-            &created,
-            "/run/info/run_id",
-            "run.info.run_id",
-            "POST",
-            create,
-        )?;
-        let mirror = Self { client, run_id };
-        let mut params = Vec::new();
-        flatten(
-            "",
-            &serde_json::to_value(&loaded.config).map_err(MlflowError::Config)?,
-            &mut params,
-        );
-        for chunk in params.chunks(MAX_PARAMS_PER_BATCH) {
-            let ps: Vec<Value> = chunk
-                .iter()
-                .map(|(k, v)| json!({"key": k, "value": truncate_chars(v, MAX_PARAM_VALUE)}))
-                .collect();
-            mirror.client.post(
-                "/api/2.0/mlflow/runs/log-batch",
-                &json!({"run_id": mirror.run_id, "params": ps, "metrics": [], "tags": []}),
-            )?;
-        }
-        Ok(mirror)
-    }
-
-    /// Log every epoch's metrics and the final ones, then close the run. Never fails.
-    pub fn finish(&self, epochs: &[EpochRecord], end: &RunEnd) {
-        if let Err(e) = self.try_finish(epochs, end) {
-            tracing::warn!("MLflow mirror: {e}");
-            eprintln!("warning: MLflow mirror: {e}");
-        }
-    }
-
-    fn try_finish(&self, epochs: &[EpochRecord], end: &RunEnd) -> Result<(), MlflowError> {
-        let ts = now_ms();
-        let mut metrics = Vec::new();
-        for (step, e) in epochs.iter().enumerate() {
-            let s = &e.stage_name;
-            for (k, v) in [
-                ("train_loss", e.train_loss),
-                ("val_loss", e.val_loss),
-                ("lr", e.lr),
-                ("grad_norm", e.grad_norm_mean),
-                ("samples_per_s", e.samples_per_s),
-                ("data_wait_frac", e.data_wait_frac),
-            ] {
-                if v.is_finite() {
-                    metrics.push(json!({"key": format!("{s}/{k}"), "value": v, "timestamp": ts, "step": step}));
-                }
-            }
-        }
-        for (k, v) in [
-            ("val_metric", end.val_metric),
-            ("latency_b1_p50_us", end.latency_b1_p50_us),
-            ("latency_b128_p50_us", end.latency_b128_p50_us),
-            ("param_count", end.param_count.map(|p| p as f64)),
-        ] {
-            if let Some(v) = v.filter(|v| v.is_finite()) {
-                metrics.push(json!({"key": k, "value": v, "timestamp": ts, "step": 0}));
-            }
-        }
-        for chunk in metrics.chunks(MAX_METRICS_PER_BATCH) {
-            self.client.post(
-                "/api/2.0/mlflow/runs/log-batch",
-                &json!({"run_id": self.run_id, "metrics": chunk, "params": [], "tags": []}),
-            )?;
-        }
-        let status = match end.status.as_str() {
-            "finished" => "FINISHED",
-            "killed" => "KILLED",
-            _ => "FAILED",
-        };
-        self.client.post(
-            "/api/2.0/mlflow/runs/update",
-            &json!({"run_id": self.run_id, "status": status, "end_time": now_ms()}),
-        )?;
-        Ok(())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::LoadedConfig;
+    use crate::records::{EpochRecord, RunDir, RunEnd};
     use std::collections::HashMap;
     use std::io::{Read, Write};
     use std::net::TcpListener;
@@ -1091,7 +1019,13 @@ mod tests {
         } else if req.path.ends_with("experiments/create") {
             (200, json!({"experiment_id": "7"}))
         } else if req.path.ends_with("runs/create") {
-            (200, json!({"run": {"info": {"run_id": "abc123"}}}))
+            (
+                200,
+                json!({"run": {"info": {
+                    "run_id": "abc123",
+                    "artifact_uri": "mlflow-artifacts:/7/abc123/artifacts"
+                }}}),
+            )
         } else {
             (200, json!({}))
         };
@@ -1130,40 +1064,69 @@ mod tests {
         loaded_from("tiny.yaml")
     }
 
+    fn epoch(stage: usize, epoch: usize) -> EpochRecord {
+        EpochRecord {
+            stage,
+            stage_name: if stage == 0 { "mean" } else { "variance" }.into(),
+            epoch,
+            steps: 1,
+            train_loss: 1.0,
+            val_loss: 0.5,
+            lr: 1e-3,
+            grad_norm_mean: 0.1,
+            grad_norm_max: 0.2,
+            clipped_frac: 0.0,
+            samples_per_s: 1e5,
+            data_wait_frac: 0.1,
+            data_wait_s: 0.0,
+            compute_s: 0.0,
+            validation_s: 0.0,
+        }
+    }
+
+    fn options(queue_capacity: usize) -> MirrorOptions {
+        MirrorOptions {
+            experiment: "kiln tiny".into(),
+            parent_run_id: Some("parent1".into()),
+            queue_capacity,
+        }
+    }
+
+    fn log_batches<'a>(log: &'a [Seen], field: &str) -> Vec<&'a Vec<Value>> {
+        log.iter()
+            .filter(|r| r.path.ends_with("log-batch"))
+            .filter_map(|r| r.body[field].as_array())
+            .filter(|a| !a.is_empty())
+            .collect()
+    }
+
     #[test]
     fn mirrors_a_run_through_the_rest_api() {
         let (uri, log) = server();
         let dir = tempfile::tempdir().unwrap();
         let run = RunDir::create(dir.path(), "tiny").unwrap();
-        let m = Mirror::start(&uri, "kiln tiny", &run, &loaded()).unwrap();
-        assert_eq!(m.run_id, "abc123");
-        let epochs: Vec<EpochRecord> = (0..300)
-            .map(|e| EpochRecord {
-                stage: 0,
-                stage_name: "mean".into(),
-                epoch: e,
-                steps: 1,
-                train_loss: 1.0,
-                val_loss: 0.5,
-                lr: 1e-3,
-                grad_norm_mean: 0.1,
-                grad_norm_max: 0.2,
-                clipped_frac: 0.0,
-                samples_per_s: 1e5,
-                data_wait_frac: 0.1,
-                data_wait_s: 0.0,
-                compute_s: 0.0,
-                validation_s: 0.0,
-            })
-            .collect();
-        m.finish(
-            &epochs,
+        std::fs::write(run.config_file(), "name: tiny\n").unwrap();
+        let client = Client::with_options(&uri, &fast()).unwrap();
+        let m = Mirror::start(client, &options(1024), &run, &loaded()).unwrap();
+        assert_eq!(m.run_id(), "abc123");
+        let stored = MirrorState::read(&run.path).unwrap();
+        assert_eq!(stored.run_id, "abc123");
+        assert_eq!(stored.experiment_id, "7");
+        for e in 0..300 {
+            m.log_epoch(&epoch(0, e));
+        }
+        m.log_epoch(&epoch(1, 0));
+        let report = m.finish(
+            &run,
             &RunEnd {
                 status: "finished".into(),
                 val_metric: Some(0.4),
                 ..RunEnd::default()
             },
         );
+        assert_eq!(report.status.as_deref(), Some("FINISHED"));
+        assert_eq!(report.metrics_sent, 301 * 6 + 1, "{report:?}");
+        assert!(report.complete(), "{report:?}");
         let log = log.lock().unwrap();
         let paths: Vec<&str> = log.iter().map(|r| r.path.as_str()).collect();
         assert_eq!(
@@ -1173,48 +1136,147 @@ mod tests {
         assert_eq!(log[0].method, "GET");
         assert_eq!(paths[1], "/api/2.0/mlflow/experiments/create");
         assert_eq!(log[1].body["name"], "kiln tiny");
-        assert_eq!(paths[2], "/api/2.0/mlflow/runs/create");
-        assert_eq!(log[2].body["experiment_id"], "7");
-        assert_eq!(log[2].body["run_name"], run.id.as_str());
+        assert_eq!(paths[2], "/api/2.0/mlflow/runs/search");
+        assert_eq!(paths[3], "/api/2.0/mlflow/runs/create");
+        assert_eq!(log[3].body["experiment_id"], "7");
+        assert_eq!(log[3].body["run_name"], run.id.as_str());
+        let tags = log[3].body["tags"].as_array().unwrap();
+        let tag = |k: &str| {
+            tags.iter()
+                .find(|t| t["key"] == k)
+                .map(|t| t["value"].as_str().unwrap().to_string())
+        };
+        assert_eq!(tag("mlflow.parentRunId").as_deref(), Some("parent1"));
+        assert_eq!(tag("mlflow.source.type").as_deref(), Some("LOCAL"));
+        assert_eq!(tag("kiln.run_id").as_deref(), Some(run.id.as_str()));
+        assert!(tag("mlflow.user").is_some());
         // Params: the flattened config, at most 100 per request.
-        let params: Vec<&Value> = log
-            .iter()
-            .filter(|r| {
-                r.path.ends_with("log-batch") && !r.body["params"].as_array().unwrap().is_empty()
-            })
-            .map(|r| &r.body)
-            .collect();
+        let params = log_batches(&log, "params");
         assert!(!params.is_empty());
-        assert!(
-            params
-                .iter()
-                .all(|b| b["params"].as_array().unwrap().len() <= MAX_PARAMS_PER_BATCH)
-        );
-        let all: Vec<&Value> = params
-            .iter()
-            .flat_map(|b| b["params"].as_array().unwrap())
-            .collect();
+        assert!(params.iter().all(|b| b.len() <= MAX_PARAMS_PER_BATCH));
+        let all: Vec<&Value> = params.iter().flat_map(|b| b.iter()).collect();
         assert!(
             all.iter()
                 .any(|p| p["key"] == "loader.batch_size" && p["value"] == "64")
         );
-        assert!(
-            all.iter()
-                .any(|p| p["key"].as_str().unwrap().starts_with("stages.0."))
-        );
-        // Metrics: 300 epochs × 6 + 1 final = 1801 → two requests of ≤ 1000.
-        let metric_batches: Vec<usize> = log
+        assert!(all.iter().any(|p| p["key"] == "stages.0.clip_norm"));
+        // Metrics: one request per epoch as it ends, steps continuing across stages (tiny's
+        // first stage has 3 epochs), timestamps never decreasing; then the summary.
+        let metric_batches = log_batches(&log, "metrics");
+        assert_eq!(metric_batches.len(), 302);
+        assert!(metric_batches[..301].iter().all(|b| b.len() == 6));
+        assert_eq!(metric_batches[300][0]["key"], "variance/train_loss");
+        assert_eq!(metric_batches[300][0]["step"], 3);
+        assert_eq!(metric_batches[299][0]["step"], 299);
+        let stamps: Vec<i64> = metric_batches
             .iter()
-            .filter(|r| {
-                r.path.ends_with("log-batch") && !r.body["metrics"].as_array().unwrap().is_empty()
-            })
-            .map(|r| r.body["metrics"].as_array().unwrap().len())
+            .map(|b| b[0]["timestamp"].as_i64().unwrap())
             .collect();
-        assert_eq!(metric_batches, vec![1000, 801]);
+        assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "{stamps:?}");
+        assert_eq!(metric_batches[301][0]["key"], "val_metric");
+        // The config was uploaded through the proxied artifact store.
+        assert!(log.iter().any(|r| r.method == "PUT"
+            && r.path == "/api/2.0/mlflow-artifacts/artifacts/7/abc123/artifacts/config.yaml"));
         let last = log.last().unwrap();
         assert_eq!(last.path, "/api/2.0/mlflow/runs/update");
         assert_eq!(last.body["status"], "FINISHED");
         assert_eq!(last.body["run_id"], "abc123");
+    }
+
+    #[test]
+    fn a_server_failing_mid_run_costs_values_not_the_run() {
+        // Fault injection: from the 5th log-batch on, every log-batch answers 500.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap());
+        let batches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let b2 = Arc::clone(&batches);
+        let log = serve(listener, move |req, n| {
+            if req.path.ends_with("log-batch")
+                && b2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 4
+            {
+                return vec![response(500, &json!({"error_code": "INTERNAL_ERROR"}))];
+            }
+            mlflow_like(req, n)
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path(), "tiny").unwrap();
+        let client = Client::with_options(&uri, &fast()).unwrap();
+        let m = Mirror::start(client, &options(1024), &run, &loaded()).unwrap();
+        for e in 0..10 {
+            m.log_epoch(&epoch(0, e));
+        }
+        let report = m.finish(
+            &run,
+            &RunEnd {
+                status: "failed".into(),
+                reason: Some("diverged".into()),
+                ..RunEnd::default()
+            },
+        );
+        // 1 params batch + 3 epochs got through; 7 epochs were refused.
+        assert_eq!(report.metrics_sent, 3 * 6, "{report:?}");
+        assert_eq!(report.metrics_unsent, 7 * 6, "{report:?}");
+        assert!(!report.complete());
+        assert!(
+            report.first_error.as_deref().unwrap().contains("HTTP 500"),
+            "{report:?}"
+        );
+        assert_eq!(report.status.as_deref(), Some("FAILED"));
+        let log = log.lock().unwrap();
+        assert_eq!(log.last().unwrap().body["status"], "FAILED");
+    }
+
+    #[test]
+    fn a_full_queue_drops_values_instead_of_blocking_training() {
+        // The server holds the first log-batch (the params) until released; meanwhile the
+        // queue (1 request) fills and the other epochs are counted, never waited for.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap());
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        let gate = Mutex::new(gate);
+        let log = serve(listener, move |req, n| {
+            if req.path.ends_with("log-batch") && !req.body["params"].as_array().unwrap().is_empty()
+            {
+                let _ = gate.lock().unwrap().recv();
+            }
+            mlflow_like(req, n)
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path(), "tiny").unwrap();
+        let client = Client::with_options(&uri, &fast()).unwrap();
+        let m = Mirror::start(client, &options(1), &run, &loaded()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.path.ends_with("log-batch"))
+        {
+            assert!(std::time::Instant::now() < deadline, "params never sent");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for e in 0..50 {
+            m.log_epoch(&epoch(0, e));
+        }
+        release.send(()).unwrap();
+        let report = m.finish(
+            &run,
+            &RunEnd {
+                status: "finished".into(),
+                ..RunEnd::default()
+            },
+        );
+        assert_eq!(report.metrics_sent, 6, "{report:?}");
+        assert_eq!(report.metrics_unsent, 49 * 6, "{report:?}");
+        assert!(
+            report
+                .first_error
+                .as_deref()
+                .unwrap()
+                .contains("queue was full"),
+            "{report:?}"
+        );
+        assert_eq!(report.status.as_deref(), Some("FINISHED"));
     }
 
     #[test]
@@ -1225,10 +1287,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunDir::create(dir.path(), "tiny").unwrap();
         let client = Client::with_options(&uri, &fast()).unwrap();
-        let err = Mirror::start_with(client, "x", &run, &loaded()).unwrap_err();
+        let err = Mirror::start(client, &options(8), &run, &loaded()).unwrap_err();
         assert!(err.to_string().contains(&uri), "{err}");
+        assert!(MirrorState::read(&run.path).is_none());
         let c = Client::new("http://localhost:5000/prefix/").unwrap();
         assert_eq!(c.base_url(), "http://localhost:5000/prefix");
+    }
+
+    #[test]
+    fn long_names_are_shortened_without_collisions() {
+        let a = format!("{}.x", "k".repeat(300));
+        let b = format!("{}.y", "k".repeat(300));
+        let (fa, fb) = (fit_name(&a), fit_name(&b));
+        assert_eq!(fa.len(), MAX_KEY_LENGTH);
+        assert_ne!(fa, fb);
+        assert!(fa.contains('/'));
+        assert_eq!(fit_name("stages.0.epochs"), "stages.0.epochs");
     }
 
     #[test]
