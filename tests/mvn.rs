@@ -885,3 +885,60 @@ fn pick_probabilities_follow_from_the_legs() {
     assert!(e.to_string().contains("symmetric"), "{e}");
     assert_eq!("under".parse::<Side>().unwrap(), Side::Under);
 }
+
+/// `kiln mvn` answers every line — a bad one with `{"error": "line N: ...", "line": N}` in its
+/// place — and exits 2 when any line failed (issue 16).
+#[test]
+fn kiln_mvn_answers_every_line_and_exits_2_when_one_failed() {
+    use std::io::Write;
+    let big = format!(
+        "{{\"cov\": {}, \"upper\": {}}}",
+        serde_json::to_string(
+            &(0..1000)
+                .map(|i| (0..1000).map(|j| (i == j) as u8 as f64).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        )
+        .unwrap(),
+        serde_json::to_string(&vec![0.0; 1000]).unwrap()
+    );
+    let input = format!(
+        "{{\"cov\": [[1]], \"upper\": [0]}}\n{{\"corr\": [[2, 0], [0, 1]], \"upper\": [0, 0]}}\n{big}\n{{\"corr\": [[1, 0.5], [0.5, 1]], \"upper\": [0, 0]}}\n"
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["mvn", "--points", "512"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("2 of 4 queries failed"), "{stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[0]["p"].as_f64(), Some(0.5));
+    assert_eq!(lines[1]["line"], 2);
+    let e = lines[1]["error"].as_str().unwrap();
+    assert!(
+        e.starts_with("line 2: ") && e.contains("`corr[0][0]` is 2"),
+        "{e}"
+    );
+    assert_eq!(lines[2]["line"], 3);
+    let e = lines[2]["error"].as_str().unwrap();
+    assert!(
+        e.starts_with("line 3: ") && e.contains("dimension 1000"),
+        "{e}"
+    );
+    assert!((lines[3]["p"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-6);
+}

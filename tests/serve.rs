@@ -109,6 +109,7 @@ fn config(repo: &Path) -> ServeConfig {
         poll_interval: None,
         max_body_bytes: 1 << 20,
         signals: false,
+        connection: Default::default(),
     }
 }
 
@@ -1573,5 +1574,40 @@ async fn load_generator_reports_throughput_and_refuses_other_hosts() {
     cfg.url = "http://192.168.1.1:8000".into();
     let e = run_loadtest(&cfg).await.unwrap_err().to_string();
     assert!(e.contains("not a loopback"), "{e}");
+    h.shutdown().await.unwrap();
+}
+
+/// `--duration` bounds the run (issue 16): against a server slower than the target rate,
+/// requests that come due while every connection is busy are not sent after the deadline,
+/// so the run ends about when it should instead of working off the backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_generator_stops_sending_at_the_deadline() {
+    use kiln::serve::loadtest::{LoadtestConfig, run_loadtest};
+    let repo = repository();
+    let mut cfg = config(repo.path());
+    // Each batch waits 100 ms for more rows: two connections get about 20 answers a second.
+    cfg.batcher.max_queue_delay = Duration::from_millis(100);
+    let h = serve(cfg).await;
+    let lt = LoadtestConfig {
+        url: format!("http://{}", h.addr),
+        model: "tiny".into(),
+        rps: 200.0,
+        duration: Duration::from_secs(1),
+        concurrency: 2,
+        batch: 1,
+        binary: false,
+        max_requests: 10_000,
+        timeout: Duration::from_secs(5),
+    };
+    let t0 = Instant::now();
+    let r = run_loadtest(&lt).await.unwrap();
+    let wall = t0.elapsed();
+    // 200 requests came due; the rest could not be sent before the deadline.
+    assert_eq!(r.requests + r.unsent, 200, "{r:?}");
+    assert!(r.requests < 60 && r.unsent > 100, "{r:?}");
+    assert_eq!(r.ok, r.requests, "{r:?}");
+    assert!(r.last_send_s <= 1.0, "{r:?}");
+    // Sending all 200 at 20 a second would take 10 s.
+    assert!(wall < Duration::from_secs(5), "ran {wall:?}: {r:?}");
     h.shutdown().await.unwrap();
 }

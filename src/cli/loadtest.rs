@@ -11,8 +11,11 @@ use kiln::serve::loadtest::{LoadtestConfig, run_loadtest};
 /// With `--rps R` the load is open-loop: request i is due at i/R seconds, whether or not
 /// earlier ones have been answered, and its latency counts from that moment. With `--rps 0`
 /// it is closed-loop: each of `--concurrency` connections sends back to back (the way to
-/// find the maximum throughput). Bounded by `--duration` and `--max-requests`; only loopback
-/// hosts (127.0.0.0/8, ::1, localhost) are accepted.
+/// find the maximum throughput). Bounded by `--duration` and `--max-requests`: no request is
+/// sent after the deadline (requests that came due while every connection was busy are
+/// counted as `unsent`), so a run lasts at most `--duration` plus the answer time of the
+/// requests in flight at the deadline (each bounded by `--timeout-ms`). Only loopback hosts
+/// (127.0.0.0/8, ::1, localhost) are accepted.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadtestArgs {
     /// Server base URL.

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{CliError, CliResult};
-use kiln::serve::{BatcherConfig, ServeConfig, ServeError};
+use kiln::serve::{BatcherConfig, ConnectionConfig, ServeConfig, ServeError};
 
 /// Serve the models of a repository over the Open Inference Protocol v2 (KServe / Triton
 /// REST, with Triton's binary tensor extension).
@@ -14,7 +14,9 @@ use kiln::serve::{BatcherConfig, ServeConfig, ServeError};
 /// repository is polled and reloaded on SIGHUP: a new version is loaded and warmed in the
 /// background and swapped in atomically; a broken one is rejected while the old one keeps
 /// serving. SIGTERM or SIGINT stops accepting connections, answers the requests in flight
-/// and exits 0. Metrics are at /metrics.
+/// and exits 0. Metrics are at /metrics. Clients that send headers or bodies too slowly are
+/// disconnected (--header-timeout-ms, --body-timeout-ms); every error answer, including
+/// those to requests that are not valid HTTP, is `{"error": "..."}`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     /// The model repository: `<DIR>/<model>/<version>/`.
@@ -53,6 +55,20 @@ pub struct ServeArgs {
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Milliseconds a client may take to send a request's headers (also how long an idle
+    /// keep-alive connection stays open); slower clients are disconnected.
+    #[arg(long, default_value_t = 10_000)]
+    pub header_timeout_ms: u64,
+    /// Milliseconds a client may take to send a request's body after its headers; past it
+    /// the answer is 408 and the connection is closed.
+    #[arg(long, default_value_t = 10_000)]
+    pub body_timeout_ms: u64,
+    /// Connections served at once; one more is answered 503 and closed.
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Most header fields in a request; more are answered 431.
+    #[arg(long, default_value_t = 100)]
+    pub max_headers: usize,
 }
 
 impl ServeArgs {
@@ -75,6 +91,12 @@ impl ServeArgs {
                 .then(|| Duration::from_millis(self.poll_interval_ms)),
             max_body_bytes: self.max_body_bytes,
             signals: true,
+            connection: ConnectionConfig {
+                header_timeout: Duration::from_millis(self.header_timeout_ms),
+                body_timeout: Duration::from_millis(self.body_timeout_ms),
+                max_connections: self.max_connections,
+                max_headers: self.max_headers,
+            },
         }
     }
 }

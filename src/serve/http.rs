@@ -3,8 +3,10 @@
 //! the answer; it holds no batching logic.
 //!
 //! Status codes: 400 bad request, 404 unknown model, version or route, 405 wrong method,
-//! 413 body over the limit, 500 engine failure, 503 not ready, queue full or timed out.
-//! Every error body is `{"error": "..."}`.
+//! 408 body not received in time, 413 body over the limit, 500 engine failure, 503 not
+//! ready, queue full or timed out. Every error body is `{"error": "..."}`: the answers of
+//! axum's own extractors (a model name that is not UTF-8, say) are rewritten by
+//! [`json_errors`], and those hyper gives before any route runs by [`super::conn`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,7 +92,39 @@ pub fn router(state: Arc<AppState>) -> Router {
                 ),
             )
         })
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// Turns an error answer that is not JSON (axum's extractor rejections are plain text) into
+/// `{"error": "<its text>"}`, keeping the status and the other headers.
+pub async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error())
+        || resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"))
+    {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let msg = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    parts.headers.remove(header::CONTENT_TYPE);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let mut out = error(status, msg);
+    for (k, v) in parts.headers.iter() {
+        out.headers_mut().entry(k).or_insert_with(|| v.clone());
+    }
+    out
 }
 
 async fn live() -> Response {
@@ -328,6 +362,9 @@ async fn read_body(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Byte
     match Limited::new(body, s.max_body_bytes).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(too_big(None)),
+        Err(e) if super::conn::is_body_timeout(&*e) => {
+            Err(error(StatusCode::REQUEST_TIMEOUT, e.to_string()))
+        }
         Err(e) => Err(error(
             StatusCode::BAD_REQUEST,
             format!("cannot read the request body: {e}"),

@@ -140,6 +140,11 @@ pub struct LoadtestReport {
     /// Open-loop requests sent more than 2 ms behind schedule (the generator, its
     /// connections or the CPU were saturated; tokio's timer alone adds up to 1 ms).
     pub late: u64,
+    /// Open-loop requests that came due before the deadline but found every connection busy
+    /// until after it: not sent, so that no request goes out after `--duration`.
+    pub unsent: u64,
+    /// Seconds from the start to the last request written (at most the duration).
+    pub last_send_s: f64,
     /// Latency of successful requests; open-loop: from the scheduled start, so time spent
     /// waiting for a free connection counts (no coordinated omission).
     pub latency_ms: Latency,
@@ -358,7 +363,9 @@ pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, Loadte
             let mut svc = Vec::new();
             let mut errors: BTreeMap<String, u64> = BTreeMap::new();
             let mut late = 0u64;
+            let mut unsent = 0u64;
             let mut sent = 0u64;
+            let mut last_send = t0;
             let mut last = t0;
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -371,7 +378,14 @@ pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, Loadte
                         break;
                     }
                     tokio::time::sleep_until(at.into()).await;
-                    if Instant::now() > at + Duration::from_millis(2) {
+                    let now = Instant::now();
+                    if now >= end {
+                        // Due before the deadline, but every connection was busy until
+                        // after it: not sent, so the run ends at the deadline.
+                        unsent += 1;
+                        continue;
+                    }
+                    if now > at + Duration::from_millis(2) {
                         late += 1;
                     }
                     at
@@ -393,6 +407,7 @@ pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, Loadte
                 }
                 sent += 1;
                 let sent_at = Instant::now();
+                last_send = last_send.max(sent_at);
                 let r = client.request("POST", &path, &headers, &body).await;
                 let done = Instant::now();
                 last = last.max(done);
@@ -405,15 +420,17 @@ pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, Loadte
                     Err(_) => *errors.entry("io".into()).or_default() += 1,
                 }
             }
-            (lat, svc, errors, late, sent, last)
+            (lat, svc, errors, late, sent, last, unsent, last_send)
         }));
     }
     let mut lat = Vec::new();
     let mut svc = Vec::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-    let (mut late, mut sent, mut last) = (0, 0, t0);
+    let (mut late, mut sent, mut last, mut unsent, mut last_send) = (0, 0, t0, 0, t0);
     for t in tasks {
-        let (l, sv, e, lt, s, ls) = t.await.map_err(LoadtestError::Task)?;
+        let (l, sv, e, lt, s, ls, us, lsend) = t.await.map_err(LoadtestError::Task)?;
+        unsent += us;
+        last_send = last_send.max(lsend);
         lat.extend(l);
         svc.extend(sv);
         for (k, v) in e {
@@ -443,6 +460,8 @@ pub async fn run_loadtest(cfg: &LoadtestConfig) -> Result<LoadtestReport, Loadte
         achieved_rps: ok as f64 / elapsed,
         rows_per_s: (ok * cfg.batch as u64) as f64 / elapsed,
         late,
+        unsent,
+        last_send_s: last_send.saturating_duration_since(t0).as_secs_f64(),
         latency_ms: Latency::of(&lat),
         service_latency_ms: Latency::of(&svc),
     })

@@ -3,6 +3,8 @@
 //! reload and Prometheus metrics.
 //!
 //! Layers, which meet only through small types (as in text-embeddings-inference):
+//! * [`conn`] — the accept loop and HTTP/1.1 connections: timeouts, the connection cap,
+//!   JSON answers to requests hyper rejects itself;
 //! * [`http`] — axum routes; parses and validates, never batches;
 //! * [`protocol`] — OIP JSON and the binary tensor extension, both directions;
 //! * [`model`] — what a model takes and returns, and the per-instance executors;
@@ -28,6 +30,7 @@
 
 pub mod batcher;
 pub mod client;
+pub mod conn;
 pub mod http;
 pub mod loadtest;
 pub mod metrics;
@@ -43,6 +46,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use batcher::BatcherConfig;
+pub use conn::ConnectionConfig;
 pub use metrics::Metrics;
 pub use repository::{ReloadReport, Repository, RepositoryConfig};
 
@@ -68,6 +72,8 @@ pub struct ServeConfig {
     /// Handle SIGHUP (reload) and SIGTERM/SIGINT (graceful shutdown). The CLI sets it; an
     /// embedding process usually does not.
     pub signals: bool,
+    /// Connection limits: header and body timeouts, the connection cap.
+    pub connection: ConnectionConfig,
 }
 
 impl Default for ServeConfig {
@@ -82,6 +88,7 @@ impl Default for ServeConfig {
             poll_interval: Some(Duration::from_secs(2)),
             max_body_bytes: 8 << 20,
             signals: false,
+            connection: ConnectionConfig::default(),
         }
     }
 }
@@ -141,6 +148,7 @@ fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
     if cfg.max_body_bytes == 0 {
         return bad("--max-body-bytes must be at least 1".into());
     }
+    cfg.connection.validate().map_err(ServeError::Config)?;
     let engine = cfg.engine.clone().unwrap_or_else(default_engine);
     let names = crate::infer::engine_names();
     if !names.contains(&engine.as_str()) {
@@ -367,24 +375,20 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         request_timeout: config.request_timeout,
     });
     let app = http::router(state);
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|s| {
-        let _ = s.set_nodelay(true);
-    });
     let signals = config.signals;
     let stop_tx = shutdown_tx.clone();
+    let conn_config = config.connection.clone();
     let server = tokio::spawn(async move {
-        let r = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                shutdown_signal(shutdown_rx, signals).await;
-                // Stop the reload loop too.
-                let _ = stop_tx.send(true);
-            })
-            .await
-            .map_err(|source| ServeError::Io {
-                what: "serving".into(),
-                source,
-            });
+        let r = conn::serve(listener, app, conn_config, async move {
+            shutdown_signal(shutdown_rx, signals).await;
+            // Stop the reload loop too.
+            let _ = stop_tx.send(true);
+        })
+        .await
+        .map_err(|source| ServeError::Io {
+            what: "serving".into(),
+            source,
+        });
         tracing::info!("server stopped; requests in flight have been answered");
         r
     });

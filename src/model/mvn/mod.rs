@@ -72,7 +72,8 @@
 //! (pivoted factorisation), `genz` and `naive` (CPU kernels), `cpu` (batching and rayon),
 //! `tensor_path`, `constants` (point set as f32 arrays and the host copy), `module` (config,
 //! module, `forward`), `pick` (pick probabilities), `bench` (closed-form cases and the
-//! benchmark grid), `error`.
+//! benchmark grid), `lines` (JSON-lines queries and answers, as `kiln mvn` reads and writes
+//! them), `error`.
 
 pub mod bench;
 mod bvn;
@@ -82,6 +83,7 @@ mod cpu;
 pub mod error;
 mod genz;
 pub mod halton;
+pub mod lines;
 mod module;
 mod naive;
 pub mod normal;
