@@ -9,8 +9,18 @@
 //! ```
 //!
 //! An export is written to a temporary sibling directory, fsynced, then renamed into place, so
-//! a reader never sees a half-written checkpoint. Loading verifies the weights' SHA-256 against
-//! the manifest and every tensor's name and shape against the manifest's architecture.
+//! a reader never sees a half-written checkpoint; temporary directories left by a process that
+//! died mid-export are removed by the next export beside them. Loading verifies the weights'
+//! SHA-256 against the manifest and every tensor's name and shape against the manifest's
+//! architecture.
+//!
+//! The manifest is sealed too: `manifest_sha256` is the SHA-256 of the manifest's canonical
+//! form (every key but `manifest_sha256` itself, keys sorted, no whitespace; see
+//! [`manifest_digest`]). Since the manifest holds the weights' SHA-256, the seal covers
+//! weights and manifest together: editing a target's mean or a feature's scale in
+//! `manifest.json` is refused at load like a flipped byte in the weights. A deliberate edit is
+//! re-sealed with [`reseal`] (`kiln checkpoint reseal DIR`). A manifest without a seal (written
+//! before seals existed) still loads, with a warning.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -86,6 +96,19 @@ pub enum ArtifactError {
         path: PathBuf,
         /// Which tensor and what was expected.
         message: String,
+    },
+    /// The manifest's seal does not match its content: it was edited after export.
+    #[error(
+        "{path}: manifest SHA-256 mismatch: the seal says {expected}, the content has {actual} (the manifest was edited after export; if the edit is deliberate, re-seal it with `kiln checkpoint reseal {dir}`)",
+        dir = path.parent().unwrap_or(Path::new(".")).display()
+    )]
+    ManifestDigest {
+        /// The manifest file.
+        path: PathBuf,
+        /// `manifest_sha256` as written in the file.
+        expected: String,
+        /// Of the manifest's canonical form.
+        actual: String,
     },
     /// The safetensors file does not parse.
     #[error("{path}: invalid safetensors file: {message}")]
@@ -364,6 +387,111 @@ pub struct Manifest {
     /// Inference latency measured at the end of the run (added by the run registry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency: Option<serde_json::Value>,
+    /// The seal: SHA-256 of the manifest's canonical form without this key
+    /// ([`manifest_digest`]); set by [`seal`]. `None` in manifests of older kiln versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_sha256: Option<String>,
+}
+
+/// The key of the manifest's seal.
+pub const SEAL_KEY: &str = "manifest_sha256";
+
+/// Append `v` to `out` in canonical JSON: object keys sorted, no whitespace, numbers and
+/// strings as `serde_json` writes them.
+fn canonical_json(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::to_string(k).expect("a string serialises"));
+                out.push(':');
+                canonical_json(&map[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, x) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// The SHA-256 of a manifest's canonical form: the JSON value without its
+/// [`SEAL_KEY`], keys sorted at every level, no whitespace. Reformatting the file or
+/// reordering its keys does not change it; changing any value does.
+pub fn manifest_digest(manifest: &serde_json::Value) -> String {
+    let mut v = manifest.clone();
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove(SEAL_KEY);
+    }
+    let mut text = String::new();
+    canonical_json(&v, &mut text);
+    sha256_hex(text.as_bytes())
+}
+
+/// Set `manifest.manifest_sha256` to the digest of the rest of it.
+pub fn seal(manifest: &mut Manifest) {
+    manifest.manifest_sha256 = None;
+    let v = serde_json::to_value(&*manifest).expect("manifest serialises");
+    manifest.manifest_sha256 = Some(manifest_digest(&v));
+}
+
+/// Seal `manifest` and write it as `dir/manifest.json` atomically (for a checkpoint's owner
+/// updating its manifest, e.g. the run layer storing the measured latency).
+pub fn write_manifest(dir: &Path, manifest: &mut Manifest) -> Result<(), ArtifactError> {
+    seal(manifest);
+    let json = serde_json::to_vec_pretty(&*manifest).expect("manifest serialises");
+    util::write_atomic(&dir.join(MANIFEST_FILE), &json)?;
+    Ok(())
+}
+
+/// The outcome of [`reseal`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resealed {
+    /// The manifest file.
+    pub path: PathBuf,
+    /// The seal before (`None`: the manifest had none).
+    pub old: Option<String>,
+    /// The seal now.
+    pub new: String,
+}
+
+/// Re-seal a checkpoint whose manifest was edited on purpose: the manifest must still parse,
+/// and the checkpoint must pass every other check (weights SHA-256, architecture); then its
+/// seal is recomputed and the manifest rewritten atomically. Keys the manifest format does not
+/// know are kept and covered by the seal.
+pub fn reseal(dir: &Path) -> Result<Resealed, ArtifactError> {
+    let dir = resolve_dir(dir);
+    let (mpath, value, manifest) = read_manifest_file(&dir)?;
+    verify_content(&dir, &mpath, &manifest)?;
+    let old = manifest.manifest_sha256.clone();
+    let new = manifest_digest(&value);
+    let mut value = value;
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert(SEAL_KEY.into(), serde_json::Value::String(new.clone()));
+    }
+    if old.as_deref() != Some(new.as_str()) {
+        let json = serde_json::to_vec_pretty(&value).expect("manifest serialises");
+        util::write_atomic(&mpath, &json)?;
+    }
+    Ok(Resealed {
+        path: mpath,
+        old,
+        new,
+    })
 }
 
 impl Manifest {
@@ -403,61 +531,119 @@ pub fn resolve_dir(dir: &Path) -> PathBuf {
     }
 }
 
+/// Read and parse `dir/manifest.json`: its path, JSON value and typed manifest.
+fn read_manifest_file(dir: &Path) -> Result<(PathBuf, serde_json::Value, Manifest), ArtifactError> {
+    let mpath = dir.join(MANIFEST_FILE);
+    if !mpath.exists() {
+        return Err(ArtifactError::NotACheckpoint {
+            dir: dir.to_path_buf(),
+        });
+    }
+    let text = std::fs::read_to_string(&mpath).map_err(|source| ArtifactError::Io {
+        path: mpath.clone(),
+        source,
+    })?;
+    let located = |e: serde_json::Error| ArtifactError::Manifest {
+        path: mpath.clone(),
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    };
+    let manifest: Manifest = serde_json::from_str(&text).map_err(located)?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(located)?;
+    Ok((mpath, value, manifest))
+}
+
+/// Every check of a checkpoint but the seal: format, feature/target counts, the weights'
+/// SHA-256, tensor names and shapes. Returns the weights.
+fn verify_content(
+    dir: &Path,
+    mpath: &Path,
+    manifest: &Manifest,
+) -> Result<HostWeights, ArtifactError> {
+    let bad_manifest = |message: String| ArtifactError::Manifest {
+        path: mpath.to_path_buf(),
+        line: 0,
+        column: 0,
+        message,
+    };
+    if manifest.format != FORMAT || manifest.format_version != FORMAT_VERSION {
+        return Err(bad_manifest(format!(
+            "format {:?} version {} is not {FORMAT:?} version {FORMAT_VERSION}",
+            manifest.format, manifest.format_version
+        )));
+    }
+    let arch = &manifest.architecture;
+    if manifest.features.len() != arch.n_features || manifest.targets.len() != arch.n_targets {
+        return Err(bad_manifest(format!(
+            "{} features and {} targets listed, but the architecture has {} and {}",
+            manifest.features.len(),
+            manifest.targets.len(),
+            arch.n_features,
+            arch.n_targets
+        )));
+    }
+    let wpath = dir.join(&manifest.weights.file);
+    let bytes = std::fs::read(&wpath).map_err(|source| ArtifactError::Io {
+        path: wpath.clone(),
+        source,
+    })?;
+    let actual = sha256_hex(&bytes);
+    if actual != manifest.weights.sha256 {
+        return Err(ArtifactError::HashMismatch {
+            path: wpath,
+            expected: manifest.weights.sha256.clone(),
+            actual,
+        });
+    }
+    HostWeights::from_safetensors(&bytes, arch, &wpath)
+}
+
+/// Read a checkpoint's manifest and verify its seal (not the weights): for readers that need
+/// only the manifest's names, normalisation or correlation. An unsealed (older) manifest is
+/// accepted with a warning.
+pub fn read_manifest(dir: &Path) -> Result<Manifest, ArtifactError> {
+    let dir = resolve_dir(dir);
+    let (mpath, value, manifest) = read_manifest_file(&dir)?;
+    verify_seal(&mpath, &value, &manifest)?;
+    Ok(manifest)
+}
+
+/// Check the manifest's seal against its content (a warning when it has none).
+fn verify_seal(
+    mpath: &Path,
+    value: &serde_json::Value,
+    manifest: &Manifest,
+) -> Result<(), ArtifactError> {
+    match &manifest.manifest_sha256 {
+        Some(expected) => {
+            let actual = manifest_digest(value);
+            if &actual != expected {
+                return Err(ArtifactError::ManifestDigest {
+                    path: mpath.to_path_buf(),
+                    expected: expected.clone(),
+                    actual,
+                });
+            }
+        }
+        None => tracing::warn!(
+            "{}: the manifest has no seal (written by an older kiln), so an edit to it would go unnoticed; seal it with `kiln checkpoint reseal {}`",
+            mpath.display(),
+            mpath.parent().unwrap_or(Path::new(".")).display()
+        ),
+    }
+    Ok(())
+}
+
 impl Checkpoint {
-    /// Load and verify a checkpoint.
+    /// Load and verify a checkpoint: the manifest's format, the weights' SHA-256, every
+    /// tensor's name and shape, then the manifest's seal (so a manifest that disagrees with
+    /// its weights is reported as such, and one edited consistently is still refused).
     pub fn load(dir: &Path) -> Result<Self, ArtifactError> {
         let dir = resolve_dir(dir);
-        let mpath = dir.join(MANIFEST_FILE);
-        if !mpath.exists() {
-            return Err(ArtifactError::NotACheckpoint { dir });
-        }
-        let text = std::fs::read_to_string(&mpath).map_err(|source| ArtifactError::Io {
-            path: mpath.clone(),
-            source,
-        })?;
-        let manifest: Manifest =
-            serde_json::from_str(&text).map_err(|e| ArtifactError::Manifest {
-                path: mpath.clone(),
-                line: e.line(),
-                column: e.column(),
-                message: e.to_string(),
-            })?;
-        let bad_manifest = |message: String| ArtifactError::Manifest {
-            path: mpath.clone(),
-            line: 0,
-            column: 0,
-            message,
-        };
-        if manifest.format != FORMAT || manifest.format_version != FORMAT_VERSION {
-            return Err(bad_manifest(format!(
-                "format {:?} version {} is not {FORMAT:?} version {FORMAT_VERSION}",
-                manifest.format, manifest.format_version
-            )));
-        }
-        let arch = &manifest.architecture;
-        if manifest.features.len() != arch.n_features || manifest.targets.len() != arch.n_targets {
-            return Err(bad_manifest(format!(
-                "{} features and {} targets listed, but the architecture has {} and {}",
-                manifest.features.len(),
-                manifest.targets.len(),
-                arch.n_features,
-                arch.n_targets
-            )));
-        }
-        let wpath = dir.join(&manifest.weights.file);
-        let bytes = std::fs::read(&wpath).map_err(|source| ArtifactError::Io {
-            path: wpath.clone(),
-            source,
-        })?;
-        let actual = sha256_hex(&bytes);
-        if actual != manifest.weights.sha256 {
-            return Err(ArtifactError::HashMismatch {
-                path: wpath,
-                expected: manifest.weights.sha256.clone(),
-                actual,
-            });
-        }
-        let weights = HostWeights::from_safetensors(&bytes, arch, &wpath)?;
+        let (mpath, value, manifest) = read_manifest_file(&dir)?;
+        let weights = verify_content(&dir, &mpath, &manifest)?;
+        verify_seal(&mpath, &value, &manifest)?;
         Ok(Self {
             dir,
             manifest,
@@ -484,6 +670,7 @@ pub fn export(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "export".into());
+    remove_stale_temps(parent, &name);
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
@@ -499,6 +686,8 @@ pub fn export(
         manifest.parameter_count = weights.arch.num_params();
         manifest.architecture = weights.arch.clone();
         util::write_synced(&tmp.join(WEIGHTS_FILE), &bytes)?;
+        util::fault::point("during-export");
+        seal(&mut manifest);
         let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
         util::write_synced(&tmp.join(MANIFEST_FILE), &json)?;
         util::sync_dir(&tmp)?;
@@ -512,10 +701,141 @@ pub fn export(
     result
 }
 
+/// Remove `.{name}.tmp-<pid>` directories in `parent` left by exports whose process is gone
+/// (killed mid-export). A temporary directory of a live process is left alone.
+pub fn remove_stale_temps(parent: &Path, name: &str) {
+    let prefix = format!(".{name}.tmp-");
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file.strip_prefix(&prefix) else {
+            continue;
+        };
+        let stale = match pid.parse::<u32>() {
+            Ok(pid) => pid == std::process::id() || !util::process_exists(pid),
+            Err(_) => false,
+        };
+        if stale && let Err(err) = std::fs::remove_dir_all(e.path()) {
+            tracing::warn!(
+                "cannot remove a stale temporary export {}: {err}",
+                e.path().display()
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use burn::backend::Flex;
+
+    fn tiny_export(dest: &Path) -> Manifest {
+        let arch = RegressionNetConfig {
+            n_features: 2,
+            hidden: vec![3],
+            n_targets: 1,
+            activation: crate::config::Activation::Relu,
+        };
+        let w = HostWeights::from_model(&arch.init::<Flex>(3, &Default::default()));
+        let col = |name: &str| ColumnStats {
+            name: name.into(),
+            mean: 0.5,
+            std: 2.0,
+        };
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            kiln_version: "0".into(),
+            burn_version: "0.21.0".into(),
+            created_at: "2026-12-01T00:00:00Z".into(),
+            run_id: "r".into(),
+            architecture: arch.clone(),
+            parameter_count: 0,
+            features: vec![col("a"), col("b")],
+            targets: vec![col("y")],
+            residual_correlation: vec![vec![1.0]],
+            metrics: serde_json::json!({"test": {"mse": 0.1, "nan": f64::NAN}, "n": 3}),
+            dataset: DatasetInfo {
+                path: "d.csv".into(),
+                sha256: "00".into(),
+                rows: [1, 2, 3],
+                split: BTreeMap::new(),
+            },
+            weights: WeightsInfo {
+                file: String::new(),
+                sha256: String::new(),
+                dtype: String::new(),
+            },
+            config_sha256: "11".into(),
+            latency: None,
+            manifest_sha256: None,
+        };
+        export(dest, manifest, &w).unwrap()
+    }
+
+    #[test]
+    fn the_seal_covers_every_manifest_value_but_not_its_layout() {
+        let d = tempfile::tempdir().unwrap();
+        let dest = d.path().join("export");
+        let m = tiny_export(&dest);
+        assert!(m.manifest_sha256.is_some());
+        assert_eq!(Checkpoint::load(&dest).unwrap().manifest, m);
+        let mpath = dest.join(MANIFEST_FILE);
+        let original = std::fs::read_to_string(&mpath).unwrap();
+        // Compact, keys in another order: the same manifest.
+        let v: serde_json::Value = serde_json::from_str(&original).unwrap();
+        let mut compact = String::new();
+        canonical_json(&v, &mut compact);
+        std::fs::write(&mpath, &compact).unwrap();
+        Checkpoint::load(&dest).unwrap();
+        // Any value changed: refused, naming the file and the way out.
+        for edit in ["\"mean\":0.5", "\"n\":3", "\"std\":2.0"] {
+            let changed = compact.replacen(edit, &edit.replace(['5', '3', '2'], "4"), 1);
+            assert_ne!(changed, compact, "{edit}");
+            std::fs::write(&mpath, &changed).unwrap();
+            let e = Checkpoint::load(&dest).unwrap_err();
+            assert!(matches!(e, ArtifactError::ManifestDigest { .. }), "{e}");
+            assert!(e.to_string().contains("kiln checkpoint reseal"), "{e}");
+            assert!(read_manifest(&dest).is_err());
+        }
+        // A deliberate edit, re-sealed, loads with the edit.
+        let r = reseal(&dest).unwrap();
+        assert_ne!(r.old, Some(r.new.clone()));
+        let back = Checkpoint::load(&dest).unwrap().manifest;
+        assert_eq!(back.features[0].std, 4.0);
+        assert_eq!(reseal(&dest).unwrap().old, Some(r.new), "idempotent");
+        // No seal (an older kiln's manifest): loads.
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+        v.as_object_mut().unwrap().remove(SEAL_KEY);
+        std::fs::write(&mpath, serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(
+            Checkpoint::load(&dest).unwrap().manifest.manifest_sha256,
+            None
+        );
+        // write_manifest seals what it writes.
+        let mut m = back;
+        m.latency = Some(serde_json::json!({"p50": 1.5}));
+        write_manifest(&dest, &mut m).unwrap();
+        assert_eq!(Checkpoint::load(&dest).unwrap().manifest, m);
+    }
+
+    #[test]
+    fn an_export_removes_temporaries_of_dead_exporters_only() {
+        let d = tempfile::tempdir().unwrap();
+        let dead = d.path().join(format!(".export.tmp-{}", u32::MAX));
+        let live = d.path().join(".export.tmp-1");
+        let other = d.path().join(".other.tmp-7");
+        for p in [&dead, &live, &other] {
+            std::fs::create_dir(p).unwrap();
+            std::fs::write(p.join(WEIGHTS_FILE), b"partial").unwrap();
+        }
+        tiny_export(&d.path().join("export"));
+        assert!(!dead.exists(), "a killed export's temporary is removed");
+        assert!(live.exists() && other.exists());
+    }
 
     #[test]
     fn safetensors_round_trip_uses_pytorch_layout() {

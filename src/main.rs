@@ -84,6 +84,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Maintain exported checkpoints.
+    Checkpoint {
+        #[command(subcommand)]
+        command: CheckpointCommand,
+    },
     /// Inspect experiment configs.
     Config {
         #[command(subcommand)]
@@ -207,6 +212,17 @@ enum ConfigCommand {
 }
 
 #[derive(Subcommand)]
+enum CheckpointCommand {
+    /// Re-seal a checkpoint whose manifest.json was edited on purpose: checks the weights'
+    /// SHA-256 and architecture, then rewrites the manifest's `manifest_sha256`. Without it,
+    /// an edited manifest is refused at load.
+    Reseal {
+        /// An export directory (or a run directory containing export/).
+        dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
 enum DatasetCommand {
     /// Derive the player-season table from the Baseball Databank (byte-for-byte reproducible).
     Baseball {
@@ -285,6 +301,9 @@ fn run(cli: Cli) -> CliResult {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => cli::config::check(&file),
+        Command::Checkpoint {
+            command: CheckpointCommand::Reseal { dir },
+        } => cli::checkpoint::reseal(&dir),
         Command::Profile { command } => match command {
             ProfileCommand::Infer(a) => cli::observe::profile_infer(&a),
             ProfileCommand::Diff { a, b, json } => cli::observe::profile_diff(&a, &b, json),

@@ -84,6 +84,7 @@ pub fn measure(
         for _ in 0..(min_iters / 4).max(20) {
             predictor.predict_into(&x, batch, &mut out)?;
         }
+        crate::util::fault::point("during-latency");
         let mut times = Vec::with_capacity(min_iters);
         let start = Instant::now();
         while times.len() < min_iters || start.elapsed() < min_time {

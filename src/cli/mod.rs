@@ -1,6 +1,7 @@
 //! Command implementations: one function per subcommand, called from `main.rs`.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod config;
 pub mod dataset;
 pub mod loadtest;

@@ -53,7 +53,21 @@ fn open(path: &Path) -> Result<Registry, CliError> {
             path.display()
         )));
     }
-    Ok(Registry::open(path)?)
+    // Reading needs no write access: a registry that cannot be opened for writing (a
+    // read-only mount, a file of another user) is read without reaping stale rows.
+    match Registry::open(path) {
+        Ok(reg) => {
+            if let Err(e) = reg.reap_stale() {
+                tracing::warn!("{e} (stale running rows not reaped)");
+            }
+            Ok(reg)
+        }
+        Err(writable) => Registry::open_read_only(path).map_err(|read_only| {
+            CliError::from(anyhow::anyhow!(
+                "{writable}; opening it read-only failed too: {read_only}"
+            ))
+        }),
+    }
 }
 
 fn short(v: Option<f64>, digits: usize) -> String {
@@ -64,7 +78,6 @@ fn short(v: Option<f64>, digits: usize) -> String {
 /// `kiln runs list`.
 pub fn list(registry: &Path, json: bool) -> CliResult {
     let reg = open(registry)?;
-    reg.reap_stale()?;
     let rows = reg.list()?;
     if json {
         for r in &rows {

@@ -27,6 +27,22 @@ pub enum ConfigError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The file is not UTF-8 text.
+    #[error(
+        "{path}:{line}:{column}: not UTF-8: invalid byte 0x{byte:02x} at byte offset {offset} (save the file as UTF-8)"
+    )]
+    Encoding {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line of the first invalid byte.
+        line: u64,
+        /// 1-based column (in characters) of the first invalid byte.
+        column: u64,
+        /// 0-based byte offset of the first invalid byte in the file.
+        offset: usize,
+        /// The invalid byte.
+        byte: u8,
+    },
     /// The YAML did not parse or did not match the schema (unknown key, wrong type, …).
     #[error("{path}:{line}:{column}: {message}")]
     Parse {
@@ -71,12 +87,36 @@ impl LoadedConfig {
     }
 }
 
-/// Read, parse and validate a config file.
-pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+/// Read a text file (a config or sweep file) that must be UTF-8; invalid bytes are reported
+/// with their line, column and byte offset.
+pub fn read_text(path: &Path) -> Result<String, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Io {
         path: path.to_path_buf(),
         source,
     })?;
+    utf8_text(bytes, path)
+}
+
+/// Bytes → text, or a located [`ConfigError::Encoding`]; `path` is only used in messages.
+pub fn utf8_text(bytes: Vec<u8>, path: &Path) -> Result<String, ConfigError> {
+    String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let offset = e.utf8_error().valid_up_to();
+        let valid = std::str::from_utf8(&bytes[..offset]).expect("valid prefix");
+        let line_start = valid.rfind('\n').map_or(0, |i| i + 1);
+        ConfigError::Encoding {
+            path: path.to_path_buf(),
+            line: valid.matches('\n').count() as u64 + 1,
+            column: valid[line_start..].chars().count() as u64 + 1,
+            offset,
+            byte: bytes[offset],
+        }
+    })
+}
+
+/// Read, parse and validate a config file.
+pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let text = read_text(path)?;
     let config = parse(&text, path)?;
     Ok(LoadedConfig {
         config,
@@ -250,6 +290,21 @@ stages:
         assert_eq!(
             e.to_string(),
             "test.yaml:16:16: at `model.hidden[1]`: invalid u64"
+        );
+    }
+
+    #[test]
+    fn non_utf8_text_names_line_column_and_byte_offset() {
+        let mut bytes = b"name: x\nseed: 4\ndata:\n  path: d\xc3\xa9s/\xff.csv\n".to_vec();
+        let e = utf8_text(bytes.clone(), Path::new("c.yaml")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "c.yaml:4:13: not UTF-8: invalid byte 0xff at byte offset 35 (save the file as UTF-8)"
+        );
+        bytes.truncate(20);
+        assert_eq!(
+            utf8_text(bytes, Path::new("c.yaml")).unwrap(),
+            "name: x\nseed: 4\ndata"
         );
     }
 

@@ -44,6 +44,21 @@ pub enum DataError {
         /// The header, comma-separated.
         available: String,
     },
+    /// A column that is needed appears more than once in the header, so which copy to use
+    /// would be a guess.
+    #[error(
+        "{path}: column `{column}` appears twice in the header (columns {first} and {second}, counting from 1); remove or rename one of them"
+    )]
+    DuplicateColumn {
+        /// The file.
+        path: PathBuf,
+        /// The column name.
+        column: String,
+        /// 1-based position of the first copy.
+        first: usize,
+        /// 1-based position of the second copy.
+        second: usize,
+    },
     /// A cell in a numeric column does not parse as a number.
     #[error("{path}:{line}: column `{column}`: expected a number, got {value:?}")]
     NotNumeric {
@@ -161,16 +176,29 @@ impl CsvTable {
         })
     }
 
-    /// The index of a column, or an error listing the header.
+    /// The index of a column, or an error listing the header (or naming both positions when
+    /// the column appears twice).
     pub fn column_index(&self, name: &str) -> Result<usize, DataError> {
-        self.header
+        let mut at = self
+            .header
             .iter()
-            .position(|h| h == name)
-            .ok_or_else(|| DataError::MissingColumn {
+            .enumerate()
+            .filter(|(_, h)| *h == name)
+            .map(|(i, _)| i);
+        let first = at.next().ok_or_else(|| DataError::MissingColumn {
+            path: self.path.clone(),
+            column: name.to_string(),
+            available: self.header.join(","),
+        })?;
+        if let Some(second) = at.next() {
+            return Err(DataError::DuplicateColumn {
                 path: self.path.clone(),
                 column: name.to_string(),
-                available: self.header.join(","),
-            })
+                first: first + 1,
+                second: second + 1,
+            });
+        }
+        Ok(first)
     }
 
     /// A column parsed as finite numbers.
@@ -257,6 +285,30 @@ mod tests {
             tab.numeric_column("b").unwrap_err(),
             DataError::NotNumeric { line: 2, .. }
         ));
+    }
+
+    #[test]
+    fn a_needed_column_given_twice_names_both_positions() {
+        let tab = t("id,a,b,a\n1,2,3,4\n").unwrap();
+        let e = tab.numeric_column("a").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DataError::DuplicateColumn {
+                    first: 2,
+                    second: 4,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("rows.csv: column `a` appears twice in the header (columns 2 and 4"),
+            "{e}"
+        );
+        // A duplicate the caller does not use is not an error.
+        assert_eq!(tab.numeric_column("b").unwrap(), vec![3.0]);
     }
 
     #[test]

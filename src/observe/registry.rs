@@ -189,6 +189,27 @@ pub fn git_commit() -> Option<String> {
     Some(c)
 }
 
+/// The WAL file of a database (`<db>-wal`).
+fn wal_file(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+/// A path as the path part of an SQLite `file:` URI (bytes outside a safe set %-escaped).
+fn uri_path(path: &Path) -> String {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = String::new();
+    for &b in abs.to_string_lossy().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn json_col(v: Option<String>) -> Option<serde_json::Value> {
     v.and_then(|s| serde_json::from_str(&s).ok())
 }
@@ -219,6 +240,63 @@ impl Registry {
             path: path.to_path_buf(),
         };
         reg.migrate()?;
+        Ok(reg)
+    }
+
+    /// Open for reading only: no migration, no write to the database (SQLite may still create
+    /// its `-shm`/`-wal` companions where the directory allows, as for any WAL reader). Works
+    /// on a read-only mount: when SQLite cannot set up WAL shared memory there (no `-shm` file
+    /// and no way to create one), the database is opened as immutable, which is exact because
+    /// a cleanly closed WAL database has no `-wal` content left (with a non-empty `-wal` the
+    /// open fails rather than miss rows). For the read-only commands (`kiln runs …`).
+    pub fn open_read_only(path: &Path) -> Result<Self, RegistryError> {
+        use rusqlite::OpenFlags;
+        let sql = |source| RegistryError::Sql {
+            path: path.to_path_buf(),
+            source,
+        };
+        if !path.is_file() {
+            return Err(RegistryError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such registry file"),
+            });
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let check = |conn: Connection| -> Result<Self, rusqlite::Error> {
+            conn.busy_timeout(Duration::from_secs(30))?;
+            let _: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            Ok(Self {
+                conn,
+                path: path.to_path_buf(),
+            })
+        };
+        let plain = Connection::open_with_flags(path, flags).and_then(check);
+        let reg = match plain {
+            Ok(reg) => reg,
+            Err(first) => {
+                let wal = wal_file(path);
+                if wal.metadata().is_ok_and(|m| m.len() > 0) {
+                    // Immutable mode would ignore the committed rows still in the WAL.
+                    return Err(sql(first));
+                }
+                let uri = format!("file:{}?immutable=1", uri_path(path));
+                Connection::open_with_flags(&uri, flags)
+                    .and_then(check)
+                    .map_err(|_| sql(first))?
+            }
+        };
+        let version = reg.schema_version()?;
+        if version != MIGRATIONS.len() as i64 {
+            return Err(RegistryError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other(format!(
+                    "schema version {version}, this kiln reads version {}; open it once with a kiln that may write to it (e.g. `kiln train`) to migrate",
+                    MIGRATIONS.len()
+                )),
+            });
+        }
         Ok(reg)
     }
 
@@ -558,6 +636,35 @@ mod tests {
         assert!(matches!(reg.get("zzz"), Err(RegistryError::NotFound(_))));
         reg.start_run(&new_run("r-2", dir.path())).unwrap();
         assert!(matches!(reg.get("r-"), Err(RegistryError::Ambiguous(..))));
+    }
+
+    #[test]
+    fn read_only_opening_reads_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        assert!(
+            Registry::open_read_only(&path).is_err(),
+            "no file, no registry"
+        );
+        let reg = Registry::open(&path).unwrap();
+        reg.start_run(&new_run("r-1", dir.path())).unwrap();
+        reg.log_epoch("r-1", &epoch(0, 0)).unwrap();
+        drop(reg);
+        let bytes = std::fs::read(&path).unwrap();
+        let ro = Registry::open_read_only(&path).unwrap();
+        assert_eq!(ro.list().unwrap().len(), 1);
+        assert_eq!(ro.epochs("r-1").unwrap().len(), 1);
+        assert!(ro.start_run(&new_run("r-2", dir.path())).is_err());
+        assert!(ro.reap_stale().is_ok(), "nothing to reap, nothing written");
+        drop(ro);
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        let wal = wal_file(&path);
+        assert!(!wal.exists() || std::fs::metadata(&wal).unwrap().len() == 0);
+        // An empty file is not a registry a reader can use.
+        let empty = dir.path().join("empty.db");
+        std::fs::write(&empty, b"").unwrap();
+        let e = Registry::open_read_only(&empty).err().unwrap().to_string();
+        assert!(e.contains("schema version 0"), "{e}");
     }
 
     #[test]

@@ -117,16 +117,68 @@ impl RunDir {
         self.path.join("export")
     }
 
+    /// Remove what an interrupted process left behind in the run directory and its `state/`:
+    /// temporary files of atomic writes (`.<name>.tmp-*`), temporary snapshot directories
+    /// (`.s<stage>-e<epoch>.tmp`) and temporary exports (`.export.tmp-<pid>`) of processes that
+    /// no longer exist. For `--resume`, whose previous process is gone. Returns what was
+    /// removed.
+    pub fn remove_stale_temps(&self) -> Vec<PathBuf> {
+        let mut removed = Vec::new();
+        for dir in [self.path.clone(), self.state_dir()] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(rest) = name.strip_prefix('.') else {
+                    continue;
+                };
+                let path = e.path();
+                let stale = if let Some(pid) = rest.strip_prefix("export.tmp-") {
+                    pid.parse::<u32>()
+                        .is_ok_and(|p| p == std::process::id() || !util::process_exists(p))
+                } else {
+                    rest.contains(".tmp-") || (dir != self.path && rest.ends_with(".tmp"))
+                };
+                if !stale {
+                    continue;
+                }
+                let gone = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                match gone {
+                    Ok(()) => removed.push(path),
+                    Err(err) => tracing::warn!(
+                        "cannot remove the stale temporary {}: {err}",
+                        path.display()
+                    ),
+                }
+            }
+        }
+        removed
+    }
+
     /// Read the status file.
     pub fn read_status(&self) -> Option<RunStatus> {
         let text = std::fs::read_to_string(self.status_file()).ok()?;
         serde_json::from_str(&text).ok()
     }
 
-    /// Write the status file atomically.
+    /// Write the status file atomically. On a full disk, where the atomic write has no room
+    /// for its temporary copy, the file is overwritten in place instead (truncating it frees
+    /// its blocks first), so a run that fails for lack of space still says `failed` rather
+    /// than `running` forever.
     pub fn write_status(&self, status: &RunStatus) -> std::io::Result<()> {
         let json = serde_json::to_vec_pretty(status).expect("status serialises");
-        util::write_atomic(&self.status_file(), &json)
+        let path = self.status_file();
+        match util::write_atomic(&path, &json) {
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                util::write_synced(&path, &json).map_err(|_| e)
+            }
+            other => other,
+        }
     }
 
     /// Write the status file: `status` (`running`, `finished`, `failed`) by this process,
@@ -162,5 +214,28 @@ mod tests {
         assert!(RunDir::open(&a.path).is_err(), "no config yet");
         std::fs::write(a.config_file(), "x").unwrap();
         assert_eq!(RunDir::open(&a.path).unwrap().id, a.id);
+    }
+
+    #[test]
+    fn stale_temporaries_are_removed_and_live_ones_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let run = RunDir::create(root.path(), "x").unwrap();
+        std::fs::create_dir_all(run.state_dir().join(".s0-e2.tmp")).unwrap();
+        std::fs::write(run.state_dir().join(".LATEST.tmp-Ab12"), "s0-e2").unwrap();
+        std::fs::write(run.path.join(".run.json.tmp-xYz9"), "{").unwrap();
+        // u32::MAX is never a pid; our own pid is alive, but its temporaries are ours to clean.
+        let dead = run.path.join(".export.tmp-4294967295");
+        std::fs::create_dir(&dead).unwrap();
+        let live = run.path.join(format!(".export.tmp-{}", std::process::id()));
+        std::fs::create_dir(&live).unwrap();
+        let parent = run.path.join(".export.tmp-1"); // init: alive, not ours
+        std::fs::create_dir(&parent).unwrap();
+        std::fs::write(run.config_file(), "x").unwrap();
+        std::fs::create_dir(run.state_dir().join("s0-e1")).unwrap();
+        let mut removed = run.remove_stale_temps();
+        removed.sort();
+        assert_eq!(removed.len(), 5, "{removed:?}");
+        assert!(parent.exists(), "a live process's export is left alone");
+        assert!(run.config_file().exists() && run.state_dir().join("s0-e1").exists());
     }
 }

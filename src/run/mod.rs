@@ -29,7 +29,7 @@ pub use observers::MlflowObserver;
 #[cfg(feature = "registry")]
 pub use observers::RegistryObserver;
 
-use crate::artifact::{ArtifactError, Checkpoint, MANIFEST_FILE};
+use crate::artifact::{ArtifactError, Checkpoint};
 use crate::bench::latency::{self, LatencyReport};
 use crate::config::{CpuBackend, DeviceKind, LoadedConfig, Loss, Precision};
 use crate::data::dataset::sha256_hex;
@@ -170,6 +170,9 @@ impl TrainingRun {
                         run.config_file().display()
                     )));
                 }
+                for p in run.remove_stale_temps() {
+                    tracing::info!("removed {}, left by the interrupted process", p.display());
+                }
                 run
             }
             None => {
@@ -225,6 +228,7 @@ impl TrainingRun {
                 for o in &self.observers {
                     o.on_end(&self.dir, &end);
                 }
+                util::fault::point("before-finished");
                 self.mark("finished", None)?;
                 Ok(RunSummary {
                     outcome,
@@ -279,6 +283,7 @@ impl TrainingRun {
         let mut outcome = dispatch(&job)?;
         let latency = match (&outcome.export_dir, self.options.measure) {
             (Some(dir), true) => {
+                util::fault::point("after-export-before-manifest");
                 let (latency, manifest) = measure_export(dir, &self.loaded)?;
                 outcome.manifest = Some(manifest);
                 Some(latency)
@@ -392,11 +397,7 @@ pub fn measure_export(
         );
     }
     manifest.latency = Some(serde_json::to_value(&report).expect("report serialises"));
-    util::write_atomic(
-        &dir.join(MANIFEST_FILE),
-        &serde_json::to_vec_pretty(&manifest).expect("manifest serialises"),
-    )
-    .map_err(ArtifactError::from)?;
+    crate::artifact::write_manifest(dir, &mut manifest)?;
     Ok((report, manifest))
 }
 

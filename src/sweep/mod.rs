@@ -65,10 +65,7 @@ fn default_tolerance() -> f64 {
 impl SweepSpec {
     /// Read and check a sweep file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = crate::config::read_text(path)?;
         let spec: SweepSpec =
             serde_saphyr::from_str(&text).map_err(|e| crate::config::yaml_error(&e, path))?;
         let bad = |key: &str, message: String| ConfigError::Invalid {

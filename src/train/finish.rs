@@ -83,6 +83,7 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             },
             config_sha256: self.config_sha.clone(),
             latency: None,
+            manifest_sha256: None,
         };
         let export_dir = run.export_dir();
         if export_dir.exists() {

@@ -130,8 +130,25 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             config_sha256: config_sha.clone(),
             dataset_sha256: data.sha256.clone(),
         };
-        if job.resume {
-            let (dir, saved) = state::latest(&run.state_dir())?;
+        // A run killed before its first snapshot has nothing to restore; since weights and
+        // shuffles derive from the seed alone, starting it over in its own directory reaches
+        // the same result as an uninterrupted run.
+        let saved = if !job.resume {
+            None
+        } else {
+            match state::latest(&run.state_dir()) {
+                Ok(found) => Some(found),
+                Err(state::StateError::Missing { .. }) => {
+                    reporter.line(&format!(
+                        "resuming {}: no snapshot was written yet, starting from the first epoch",
+                        run.id
+                    ));
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if let Some((dir, saved)) = saved {
             let refuse = |reason: String| TrainError::Resume {
                 run: run.path.clone(),
                 reason,
@@ -167,6 +184,9 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             ));
         }
         let (steps_path, steps_out) = open_logs(run.steps_file(), &run.epochs_file(), &progress)?;
+        if job.resume {
+            crate::util::fault::point("during-resume");
+        }
         let p = &cfg.profile;
         let profiler = p.enabled.then(|| {
             let dir = if p.out_dir.is_absolute() {
@@ -363,6 +383,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             .map_err(io_err(&self.steps_path))?;
             self.progress.stage_step += 1;
             self.progress.global_step += 1;
+            crate::util::fault::point("during-step");
             steps += 1;
             samples += rows;
             let elapsed = (wait + compute).as_secs_f64();
@@ -420,6 +441,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         let mut line = serde_json::to_string(&record).expect("record serialises");
         line.push('\n');
         append(&self.job.run.epochs_file(), line.as_bytes())?;
+        crate::util::fault::point("after-epoch-log");
         if let Some(h) = self.job.hooks {
             h.on_epoch(&self.job.run, &record);
         }

@@ -135,21 +135,31 @@ pub fn save(state_dir: &Path, snap: Snapshot<'_>) -> Result<PathBuf, StateError>
         path: tmp.clone(),
         source,
     })?;
-    let json = serde_json::to_vec_pretty(snap.progress).expect("progress serialises");
-    write_synced(&tmp.join("progress.json"), &json)?;
-    write_synced(&tmp.join("model.bin"), &snap.model)?;
-    if let Some(b) = &snap.best {
-        write_synced(&tmp.join("best.bin"), b)?;
+    let written = (|| -> Result<(), StateError> {
+        let json = serde_json::to_vec_pretty(snap.progress).expect("progress serialises");
+        write_synced(&tmp.join("progress.json"), &json)?;
+        write_synced(&tmp.join("model.bin"), &snap.model)?;
+        if let Some(b) = &snap.best {
+            write_synced(&tmp.join("best.bin"), b)?;
+        }
+        if let Some(o) = &snap.optim {
+            write_synced(&tmp.join("optim.bin"), o)?;
+        }
+        sync_dir(&tmp)?;
+        std::fs::rename(&tmp, &dir).map_err(|source| ArtifactError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        // A full disk must not keep a half-written snapshot using space.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
     }
-    if let Some(o) = &snap.optim {
-        write_synced(&tmp.join("optim.bin"), o)?;
-    }
-    sync_dir(&tmp)?;
-    std::fs::rename(&tmp, &dir).map_err(|source| ArtifactError::Io {
-        path: dir.clone(),
-        source,
-    })?;
+    crate::util::fault::point("before-snapshot-latest");
     write_atomic(&state_dir.join("LATEST"), name.as_bytes())?;
+    crate::util::fault::point("after-snapshot-latest");
     // Older snapshots are no longer needed once LATEST points at the new one.
     if let Ok(entries) = std::fs::read_dir(state_dir) {
         for e in entries.flatten() {

@@ -1,7 +1,9 @@
 //! Small helpers shared across the crate (a leaf: imports nothing of kiln's): UTC timestamps
 //! without a date-time dependency, atomic file writes, the one percentile definition, the one
-//! Gaussian negative log-likelihood, and the one XML/HTML escaper.
+//! Gaussian negative log-likelihood, the one XML/HTML escaper, and the crash-test hook
+//! ([`fault`]).
 
+pub mod fault;
 mod fs;
 mod stats;
 mod text;
@@ -31,6 +33,15 @@ fn utc_parts(secs: i64) -> (i64, u32, u32, u32, u32, u32) {
     let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
     let s = secs.rem_euclid(86_400) as u32;
     (y, m, d, s / 3600, (s / 60) % 60, s % 60)
+}
+
+/// Whether a process with this id exists (where `/proc` is unavailable: assume it does, so
+/// nothing of a live process is ever cleaned up).
+pub fn process_exists(pid: u32) -> bool {
+    if !std::path::Path::new("/proc/self").exists() {
+        return true;
+    }
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Seconds since the Unix epoch, now.
