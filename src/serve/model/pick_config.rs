@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::LoadError;
-use crate::artifact::{Checkpoint, MANIFEST_FILE, Manifest};
+use crate::artifact::{Checkpoint, Manifest};
 use crate::model::mvn::{HaltonMvnCdfConfig, MvnMethod, PickCorrelation};
 
 /// The file that makes a version directory a pick model.
@@ -167,15 +167,10 @@ impl PickConfig {
         let manifest: Option<Manifest> = match (&network, &ckpt_dir) {
             (Some(n), _) => Some(n.manifest.clone()),
             (None, None) => None,
-            (None, Some(dir)) => {
-                let m = dir.join(MANIFEST_FILE);
-                let text = std::fs::read_to_string(&m)
-                    .map_err(|e| bad(format!("checkpoint {}: {e}", m.display())))?;
-                Some(
-                    serde_json::from_str(&text)
-                        .map_err(|e| bad(format!("checkpoint {}: {e}", m.display())))?,
-                )
-            }
+            (None, Some(dir)) => Some(
+                crate::artifact::read_manifest(dir)
+                    .map_err(|e| bad(format!("checkpoint {}: {e}", dir.display())))?,
+            ),
         };
         let targets = match (&cfg.targets, &manifest) {
             (Some(t), _) => t.clone(),
