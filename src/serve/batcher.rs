@@ -269,17 +269,11 @@ impl Batcher {
                     })
                 })
                 .map_err(|e| LoadError::Warmup(format!("cannot start a worker thread: {e}")));
-            match (handle, &idle) {
-                (Ok(h), Some(shared)) => {
-                    let _ = shared.slots[i].thread.set(h.thread().clone());
+            if let Err(e) = handle {
+                if let Some(shared) = &idle {
+                    shared.close();
                 }
-                (Ok(_), None) => {}
-                (Err(e), _) => {
-                    if let Some(shared) = &idle {
-                        shared.close();
-                    }
-                    return Err(e);
-                }
+                return Err(e);
             }
         }
         drop(ready_tx);
@@ -437,6 +431,7 @@ struct Slot {
     inline: AtomicBool,
     /// Set when the worker thread is handed the instance.
     go: AtomicBool,
+    /// The thread that runs the worker loop.
     thread: OnceLock<std::thread::Thread>,
 }
 
@@ -555,6 +550,9 @@ impl IdleShared {
     /// empty, and go back to the idle list.
     fn worker_loop(&self, i: usize) {
         let slot = &self.slots[i];
+        // This thread (a pool thread: the loop runs inside the pool) is the one to unpark;
+        // a signal sent before this is kept in `go`.
+        let _ = slot.thread.set(std::thread::current());
         loop {
             while !slot.go.swap(false, Ordering::Acquire) {
                 std::thread::park();
@@ -817,6 +815,10 @@ mod tests {
         }
     }
 
+    type Gate = Arc<(Mutex<bool>, Condvar)>;
+    /// The batcher, the request count of each batch, the gate and the metrics.
+    type Started = (Batcher, Arc<Mutex<Vec<usize>>>, Gate, Arc<VersionMetrics>);
+
     fn input(v: f32) -> ModelInput {
         ModelInput::Regression {
             x: vec![v],
@@ -824,15 +826,7 @@ mod tests {
         }
     }
 
-    fn start(
-        policy: BatchingPolicy,
-        open: bool,
-    ) -> (
-        Batcher,
-        Arc<Mutex<Vec<usize>>>,
-        Arc<(Mutex<bool>, Condvar)>,
-        Arc<VersionMetrics>,
-    ) {
+    fn start(policy: BatchingPolicy, open: bool) -> Started {
         let batches = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new((Mutex::new(open), Condvar::new()));
         let (b, g) = (batches.clone(), gate.clone());

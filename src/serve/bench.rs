@@ -245,6 +245,8 @@ pub struct ServeBenchReport {
     pub closed_loop_rps: f64,
     /// The closed-loop run's service-side p50 and p99, ms.
     pub closed_loop_service_ms: [f64; 2],
+    /// Failed requests of the closed-loop run.
+    pub closed_loop_errors: u64,
     /// The open-loop sweep.
     pub open_loop: Vec<SweepPoint>,
     /// Per-stage costs in-process (empty for an external server).
@@ -664,6 +666,7 @@ fn measure(
         connections: opts.connections,
         closed_loop_rps: max,
         closed_loop_service_ms: [closed.service_latency_ms.p50, closed.service_latency_ms.p99],
+        closed_loop_errors: closed.errors.values().sum(),
         open_loop,
         stages,
     })
@@ -701,16 +704,17 @@ pub fn format_report(r: &ServeBenchReport) -> String {
         );
     }
     s += &format!(
-        "closed loop ({} connections): {:.0} req/s\n",
-        r.connections, r.closed_loop_rps
+        "closed loop ({} connections): {:.0} req/s, {} errors\n",
+        r.connections, r.closed_loop_rps, r.closed_loop_errors
     );
     for p in &r.open_loop {
         s += &format!(
-            "open loop {:>3.0}% ({:.0} req/s): service p50 {:.3} ms, p99 {:.3} ms\n",
+            "open loop {:>3.0}% ({:.0} req/s): service p50 {:.3} ms, p99 {:.3} ms, {} errors\n",
             p.fraction * 100.0,
             p.achieved_rps,
             p.service_p50_ms,
-            p.service_p99_ms
+            p.service_p99_ms,
+            p.errors
         );
     }
     for st in &r.stages {
