@@ -124,6 +124,8 @@ enum BenchCommand {
     Train(cli::bench::BenchTrainArgs),
     /// The MVN estimator's throughput and error on closed-form cases.
     Mvn(cli::mvn::MvnBenchArgs),
+    /// The serving path's latency floor, closed-loop maximum and open-loop sweep on loopback.
+    Serve(cli::bench::BenchServeArgs),
 }
 
 #[derive(Subcommand)]
@@ -388,6 +390,7 @@ fn run(cli: Cli) -> CliResult {
         Command::Bench { command } => match command {
             BenchCommand::Infer(a) => cli::bench::infer(&a),
             BenchCommand::Train(a) => cli::bench::train(&a),
+            BenchCommand::Serve(a) => cli::bench::serve(&a),
             BenchCommand::Mvn(a) => cli::mvn::run_bench(&a).map_err(cli::CliError::input),
         },
         Command::Serve(a) => cli::serve::run(&a),

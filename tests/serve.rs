@@ -18,7 +18,7 @@ use kiln::records::RunDir;
 use kiln::serve::client::{HttpClient, HttpResponse};
 use kiln::serve::metrics::sample;
 use kiln::serve::protocol::{OutputData, decode_response};
-use kiln::serve::{BatcherConfig, ServeConfig, ServerHandle};
+use kiln::serve::{BatcherConfig, BatchingPolicy, ServeConfig, ServerHandle};
 use kiln::train::{ProgressMode, TrainJob, train};
 use serde_json::{Value, json};
 
@@ -99,6 +99,7 @@ fn config(repo: &Path) -> ServeConfig {
         port: 0,
         engine: Some(ENGINE.into()),
         batcher: BatcherConfig {
+            policy: BatchingPolicy::Idle,
             max_batch_size: 64,
             max_queue_delay: Duration::from_micros(200),
             max_queue_size: 256,
@@ -293,6 +294,7 @@ async fn every_endpoint_answers() {
     assert_eq!(r.status, 200);
     let cfg = r.json();
     assert_eq!(cfg["max_batch_size"], 64);
+    assert_eq!(cfg["dynamic_batching"]["batching"], "idle");
     assert_eq!(cfg["input"][0]["dims"], json!([F]));
     assert_eq!(cfg["kiln"]["features"].as_array().unwrap().len(), F);
     assert_eq!(
@@ -668,6 +670,8 @@ async fn every_error_path_names_the_problem() {
 async fn concurrent_requests_are_batched_and_answered_exactly() {
     let repo = repository();
     let mut cfg = config(repo.path());
+    // Delay semantics: a lone request waits in the queue for its batch.
+    cfg.batcher.policy = BatchingPolicy::Delay;
     // Long enough that all 24 requests reach the queue within one delay even on a loaded
     // machine, so batching cannot be missed because the clients were slow to start.
     cfg.batcher.max_queue_delay = Duration::from_millis(500);
@@ -716,9 +720,59 @@ async fn concurrent_requests_are_batched_and_answered_exactly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_batching_launches_a_lone_request_without_waiting_for_a_batch() {
+    let repo = repository();
+    let mut cfg = config(repo.path());
+    cfg.batcher.policy = BatchingPolicy::Idle;
+    // Were the delay applied, every request would queue for a whole second.
+    cfg.batcher.max_queue_delay = Duration::from_secs(1);
+    let h = serve(cfg).await;
+    let mut c = client(&h);
+    let r = c.get("/v2/models/tiny/config").await.unwrap();
+    assert_eq!(r.json()["dynamic_batching"]["batching"], "idle");
+    let mut p = predictor(trained());
+    let n = 5;
+    for i in 0..n {
+        let x = rows(1 + i % 2, 40 + i as u32);
+        let r = c
+            .post_json("/v2/models/tiny/infer", &json_request(&x, false, None))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let (mean, _) = outputs(&r);
+        assert_eq!(mean, p.predict(&x, x.len() / F).unwrap().mean);
+    }
+    let text = metrics_text(&mut c).await;
+    let l = "model=\"tiny\",version=\"1\"";
+    // One batch per request, each launched alone ...
+    assert_eq!(
+        sample(&text, &format!("kiln_inference_exec_count_total{{{l}}}")),
+        Some(n as f64)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!("kiln_inference_batch_size_bucket{{{l},le=\"2\"}}")
+        ),
+        Some(n as f64)
+    );
+    // ... and measured server-side, none waited anywhere near the delay.
+    assert_eq!(
+        sample(
+            &text,
+            &format!("kiln_inference_queue_duration_seconds_bucket{{{l},le=\"0.1\"}}")
+        ),
+        Some(n as f64)
+    );
+    h.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_launches_when_full_or_when_its_oldest_request_has_waited() {
     let repo = repository();
     let mut cfg = config(repo.path());
+    // Delay semantics: a lone request waits in the queue for its batch.
+    cfg.batcher.policy = BatchingPolicy::Delay;
     cfg.batcher.max_batch_size = 8;
     // A delay far above scheduling noise on a loaded machine: a lone request must take at
     // least this long, and a full batch must come back well before it.
@@ -835,6 +889,8 @@ async fn polling_loads_new_versions_and_unloads_removed_models() {
 async fn a_full_queue_answers_503_at_once_and_timeouts_answer_503() {
     let repo = repository();
     let mut cfg = config(repo.path());
+    // Delay semantics: a lone request waits in the queue for its batch.
+    cfg.batcher.policy = BatchingPolicy::Delay;
     cfg.batcher.max_queue_size = 2;
     // The queued requests wait this long; the refusal must come before they are served.
     let delay = Duration::from_millis(2000);
@@ -895,6 +951,8 @@ async fn a_full_queue_answers_503_at_once_and_timeouts_answer_503() {
     // A request that cannot be answered within its deadline gets 503.
     // The batch would launch only after the delay; the deadline comes first.
     let mut cfg = config(repo.path());
+    // Delay semantics: a lone request waits in the queue for its batch.
+    cfg.batcher.policy = BatchingPolicy::Delay;
     let delay = Duration::from_millis(3000);
     let timeout = Duration::from_millis(100);
     cfg.batcher.max_queue_delay = delay;
@@ -1021,6 +1079,8 @@ fn outputs_if_ok(r: &HttpResponse) -> Option<(Vec<f32>, Vec<f32>)> {
 async fn a_request_in_flight_finishes_on_the_old_version() {
     let repo = repository();
     let mut cfg = config(repo.path());
+    // Delay semantics: a lone request waits in the queue for its batch.
+    cfg.batcher.policy = BatchingPolicy::Delay;
     cfg.batcher.max_queue_delay = Duration::from_millis(700);
     let h = serve(cfg).await;
     let addr = h.addr;
@@ -1206,6 +1266,8 @@ async fn a_model_without_a_loadable_version_is_not_ready() {
 async fn graceful_shutdown_finishes_requests_in_flight() {
     let repo = repository();
     let mut cfg = config(repo.path());
+    // Delay semantics: a lone request waits in the queue for its batch.
+    cfg.batcher.policy = BatchingPolicy::Delay;
     let delay = Duration::from_millis(400);
     cfg.batcher.max_queue_delay = delay;
     let h = serve(cfg).await;
@@ -1261,6 +1323,8 @@ async fn sigterm_drains_and_exits_zero() {
         "0",
         "--engine",
         ENGINE,
+        "--batching",
+        "delay",
         "--max-queue-delay-us",
         "400000",
         "--instances",
@@ -1586,6 +1650,7 @@ async fn load_generator_stops_sending_at_the_deadline() {
     let repo = repository();
     let mut cfg = config(repo.path());
     // Each batch waits 100 ms for more rows: two connections get about 20 answers a second.
+    cfg.batcher.policy = BatchingPolicy::Delay;
     cfg.batcher.max_queue_delay = Duration::from_millis(100);
     let h = serve(cfg).await;
     let lt = LoadtestConfig {
@@ -1610,4 +1675,102 @@ async fn load_generator_stops_sending_at_the_deadline() {
     // Sending all 200 at 20 a second would take 10 s.
     assert!(wall < Duration::from_secs(5), "ran {wall:?}: {r:?}");
     h.shutdown().await.unwrap();
+}
+
+#[test]
+fn bench_serve_reports_every_series_as_json() {
+    let repo = repository();
+    let pick = repo.path().join("pick").join("1");
+    std::fs::create_dir_all(&pick).unwrap();
+    std::fs::write(
+        pick.join("pick.json"),
+        serde_json::to_vec(&json!({"kind": "pick", "checkpoint": "../../tiny/1", "points": 256}))
+            .unwrap(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["bench", "serve", "--repository"])
+        .arg(repo.path())
+        .args([
+            "--model",
+            "tiny",
+            "--pick-model",
+            "pick",
+            "--engine",
+            ENGINE,
+            "--requests",
+            "8",
+            "--rounds",
+            "2",
+            "--connections",
+            "2",
+            "--closed-seconds",
+            "0.3",
+            "--fractions",
+            "0.5,0.7",
+            "--sweep-seconds",
+            "0.2",
+            "--stage-iters",
+            "3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["bench"], "serve");
+    assert_eq!(r["batching"]["policy"], "idle");
+    let names: Vec<&str> = r["round_trips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "health",
+            "infer_json_b1",
+            "infer_binary_b1",
+            "infer_json_b64",
+            "infer_binary_b64",
+            "pick_json_b1"
+        ]
+    );
+    for t in r["round_trips"].as_array().unwrap() {
+        assert_eq!(t["us"]["n"], 8, "{t}");
+        let (p50, p99) = (
+            t["us"]["p50"].as_f64().unwrap(),
+            t["us"]["p99"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p99 >= p50, "{t}");
+        assert!(t["minus_health_p50_us"].is_number(), "{t}");
+    }
+    assert!(r["closed_loop_rps"].as_f64().unwrap() > 0.0);
+    let sweep = r["open_loop"].as_array().unwrap();
+    assert_eq!(sweep.len(), 2);
+    assert_eq!(sweep[1]["fraction"], 0.7);
+    assert!(sweep[1]["service_p99_ms"].is_number());
+    let stages: Vec<&str> = r["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["request"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            "json_b1",
+            "binary_b1",
+            "json_b64",
+            "binary_b64",
+            "pick_json_b1"
+        ]
+    );
+    assert!(r["pinning"]["applied"].is_boolean());
+    assert!(!r["pinning"]["note"].as_str().unwrap().is_empty());
 }

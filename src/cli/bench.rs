@@ -1,4 +1,4 @@
-//! `kiln bench infer` and `kiln bench train`.
+//! `kiln bench infer`, `kiln bench train` and `kiln bench serve`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -85,6 +85,130 @@ pub struct BenchTrainArgs {
     /// One JSON line per worker count instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The serving path on loopback, in one run.
+///
+/// Starts a server on the repository in-process (or measures the one at `--url`), then
+/// reports: round trips at concurrency 1 over keep-alive (health endpoint; inference JSON
+/// and binary per `--batch`; the pick model with `--pick-model`) with p50/p90/p99 and each
+/// infer p50 minus the health p50; the closed-loop maximum over `--connections`; an
+/// open-loop sweep at `--fractions` of it with service-side p50/p99; and the in-process cost
+/// of each request stage. Client and server threads are pinned to different CPUs where the
+/// machine has two or more (the JSON says what was done).
+#[derive(Debug, Clone, Args)]
+pub struct BenchServeArgs {
+    /// The model repository.
+    #[arg(long, value_name = "DIR", required_unless_present = "url")]
+    pub repository: Option<PathBuf>,
+    /// The regression model to call.
+    #[arg(long)]
+    pub model: String,
+    /// A pick model in the same repository to call too.
+    #[arg(long, value_name = "NAME")]
+    pub pick_model: Option<String>,
+    /// Measure the server at this loopback URL instead of starting one.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Engine of the in-process server.
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Batching policy of the in-process server.
+    #[arg(long, default_value = "idle", value_name = "idle|delay")]
+    pub batching: kiln::serve::BatchingPolicy,
+    /// Instances of the in-process server.
+    #[arg(long, default_value_t = 2)]
+    pub instances: usize,
+    /// Queue delay (µs) of the in-process server (`--batching delay`).
+    #[arg(long, default_value_t = 100)]
+    pub max_queue_delay_us: u64,
+    /// Tokio worker threads of the in-process server (0: one per CPU).
+    #[arg(long, default_value_t = 0)]
+    pub server_workers: usize,
+    /// Rows per request at concurrency 1, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,64",
+        value_name = "N[,N2…]"
+    )]
+    pub batch: Vec<usize>,
+    /// Measured requests per series at concurrency 1.
+    #[arg(long, default_value_t = 3000)]
+    pub requests: usize,
+    /// Interleaved rounds over the series.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Connections of the closed-loop and open-loop runs.
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Seconds of the closed-loop run.
+    #[arg(long, default_value_t = 5.0)]
+    pub closed_seconds: f64,
+    /// Fractions of the closed-loop maximum for the open-loop sweep, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.5,0.7,0.9")]
+    pub fractions: Vec<f64>,
+    /// Seconds of each open-loop point.
+    #[arg(long, default_value_t = 5.0)]
+    pub sweep_seconds: f64,
+    /// Calls per stage for the in-process stage costs.
+    #[arg(long, default_value_t = 2000)]
+    pub stage_iters: usize,
+    /// Do not pin client and server threads to different CPUs.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// One JSON line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `kiln bench serve`.
+pub fn serve(args: &BenchServeArgs) -> CliResult {
+    use kiln::serve::bench::{ServeBenchError, ServeBenchOptions, format_report, run_serve_bench};
+    let secs = |name: &str, v: f64| {
+        if v.is_finite() && v > 0.0 && v <= 3600.0 {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(CliError::input(anyhow::anyhow!(
+                "--{name} is {v}; expected seconds in (0, 3600]"
+            )))
+        }
+    };
+    let opts = ServeBenchOptions {
+        repository: args.repository.clone().unwrap_or_default(),
+        model: args.model.clone(),
+        pick_model: args.pick_model.clone(),
+        url: args.url.clone(),
+        engine: args.engine.clone(),
+        batcher: kiln::serve::BatcherConfig {
+            policy: args.batching,
+            instances: args.instances,
+            max_queue_delay: Duration::from_micros(args.max_queue_delay_us),
+            ..Default::default()
+        },
+        server_workers: args.server_workers,
+        batches: args.batch.clone(),
+        requests: args.requests,
+        rounds: args.rounds,
+        connections: args.connections,
+        closed_duration: secs("closed-seconds", args.closed_seconds)?,
+        fractions: args.fractions.clone(),
+        sweep_duration: secs("sweep-seconds", args.sweep_seconds)?,
+        stage_iters: args.stage_iters,
+        pin: !args.no_pin,
+    };
+    let report = run_serve_bench(&opts).map_err(|e| match e {
+        ServeBenchError::Invalid(_) | ServeBenchError::Url(_) | ServeBenchError::Serve(_) => {
+            CliError::input(e)
+        }
+        other => CliError::from(anyhow::Error::from(other)),
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", format_report(&report));
+    }
+    Ok(())
 }
 
 fn bench_error(e: BenchError) -> CliError {

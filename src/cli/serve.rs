@@ -40,7 +40,12 @@ pub struct ServeArgs {
     /// Most rows per batch (1 turns dynamic batching off).
     #[arg(long, default_value_t = 64)]
     pub max_batch_size: usize,
-    /// How long (µs) the oldest queued request may wait for a fuller batch.
+    /// When a batch launches: `idle` (at once on an idle instance; batches form only while
+    /// every instance is busy) or `delay` (Triton's: wait up to --max-queue-delay-us for a
+    /// full batch).
+    #[arg(long, default_value = "idle", value_name = "idle|delay")]
+    pub batching: kiln::serve::batcher::BatchingPolicy,
+    /// How long (µs) the oldest queued request may wait for a fuller batch (`--batching delay`).
     #[arg(long, default_value_t = 100)]
     pub max_queue_delay_us: u64,
     /// Most requests queued per model; more are refused with 503 at once.
@@ -80,6 +85,7 @@ impl ServeArgs {
             port: self.port,
             engine: self.engine.clone(),
             batcher: BatcherConfig {
+                policy: self.batching,
                 max_batch_size: self.max_batch_size,
                 max_queue_delay: Duration::from_micros(self.max_queue_delay_us),
                 max_queue_size: self.max_queue_size,

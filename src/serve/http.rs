@@ -308,6 +308,7 @@ fn config_for(s: &AppState, name: &str, v: Option<&str>) -> Response {
         "input": lv.spec.inputs.iter().map(|t| t.config()).collect::<Vec<_>>(),
         "output": lv.spec.outputs.iter().map(|t| t.config()).collect::<Vec<_>>(),
         "dynamic_batching": {
+            "batching": b.policy.name(),
             "max_queue_delay_microseconds": b.max_queue_delay.as_micros() as u64,
             "preferred_batch_size": super::model::buckets(b.max_batch_size),
             "default_queue_policy": {
@@ -421,6 +422,7 @@ async fn infer_inner(
     let hlen = headers
         .get(HEADER_LENGTH)
         .map(|v| v.to_str().unwrap_or("?"));
+    let decode_span = crate::prof_span!("serve_decode").entered();
     let req = match InferRequest::parse(body, hlen) {
         Ok(r) => r,
         Err(e) => return bad(e.0),
@@ -446,6 +448,7 @@ async fn infer_inner(
         Ok(i) => i,
         Err(e) => return bad(e.0),
     };
+    drop(decode_span);
     let outputs = match lv.batcher.infer(input, s.request_timeout).await {
         Ok(o) => o,
         Err(f) => {
@@ -463,6 +466,7 @@ async fn infer_inner(
             return error(code, f.to_string());
         }
     };
+    let _encode_span = crate::prof_span!("serve_encode").entered();
     let selected = match select_outputs(&req, outputs) {
         Ok(x) => x,
         Err(e) => return bad(e.0),

@@ -87,6 +87,11 @@ impl Histogram {
         self.count.load(Relaxed)
     }
 
+    /// Sum of the observations, in the histogram's unit (µs for durations).
+    pub fn sum(&self) -> u64 {
+        self.sum.load(Relaxed)
+    }
+
     /// Encode as one histogram series: `(upper bound, observations in that bucket alone)`
     /// pairs (the encoder accumulates them and adds `+Inf` from the count).
     fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {

@@ -12,7 +12,8 @@
 //!   their own engines and thread pools;
 //! * [`repository`] — versions on disk, loading, warm-up and the atomic swap;
 //! * [`metrics`] — counters and histograms, Prometheus text;
-//! * [`client`], [`loadtest`] — a small loopback HTTP client and the load generator.
+//! * [`client`], [`loadtest`] — a small loopback HTTP client and the load generator;
+//! * [`bench`] — the serving latency benchmark (`kiln bench serve`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kiln::serve::ServeError> {
@@ -29,6 +30,7 @@
 //! ```
 
 pub mod batcher;
+pub mod bench;
 pub mod client;
 pub mod conn;
 pub mod http;
@@ -45,7 +47,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-pub use batcher::BatcherConfig;
+pub use batcher::{BatcherConfig, BatchingPolicy};
 pub use conn::ConnectionConfig;
 pub use metrics::Metrics;
 pub use repository::{ReloadReport, Repository, RepositoryConfig};

@@ -294,6 +294,11 @@ pub trait Instance: Send {
     fn warm_up(&mut self, rows: usize) -> Result<(), InstanceError>;
     /// Run a batch of inputs; one output list per input, in order.
     fn execute(&mut self, inputs: &[&ModelInput]) -> Result<Vec<Vec<OutputTensor>>, InstanceError>;
+    /// Whether a request's own thread may run this instance (the `idle` batching policy's
+    /// fast path) instead of its worker thread. Engines bound to their thread say no.
+    fn inline_ok(&self) -> bool {
+        true
+    }
 }
 
 /// Build one instance of a model; a regression engine also runs its own warm-up over

@@ -112,6 +112,11 @@ struct RegressionInstance {
 }
 
 impl Instance for RegressionInstance {
+    fn inline_ok(&self) -> bool {
+        // Device engines stay on the thread that built them.
+        !self.pad_to_bucket
+    }
+
     fn warm_up(&mut self, rows: usize) -> Result<(), InstanceError> {
         let x: Vec<f32> = self
             .placeholder
