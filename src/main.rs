@@ -33,7 +33,7 @@ enum Command {
         /// Continue an interrupted run (its directory) from its last epoch snapshot.
         #[arg(long, value_name = "RUN_DIR")]
         resume: Option<PathBuf>,
-        /// Plain log lines instead of progress bars, even on a terminal.
+        /// Plain log lines instead of progress bars, even on a terminal (and no colour).
         #[arg(long)]
         plain: bool,
         /// Only warnings, errors and the export path.
@@ -399,8 +399,11 @@ fn run(cli: Cli) -> CliResult {
 }
 
 fn main() -> ExitCode {
-    kiln::observe::install_subscriber();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // Log lines are coloured only on a terminal, never with `--plain` or `NO_COLOR`.
+    let plain = matches!(cli.command, Command::Train { plain: true, .. });
+    kiln::observe::install_subscriber_with(plain);
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Errors that already print their source (`"cannot read X: {source}"`) are not

@@ -46,8 +46,17 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     let run = out.run.clone();
 
     // Chrome trace: complete events, module paths, the step's phases, steps 3..=5 only.
-    let ev = events(&run.path.join("profile/trace.json"));
+    let all = events(&run.path.join("profile/trace.json"));
+    let phase = |ph: &str| -> Vec<serde_json::Value> {
+        all.iter().filter(|e| e["ph"] == ph).cloned().collect()
+    };
+    let ev = phase("X");
     assert!(!ev.is_empty());
+    assert_eq!(
+        ev.len() + phase("M").len() + phase("C").len(),
+        all.len(),
+        "only complete, metadata and counter events"
+    );
     let names: Vec<&str> = ev.iter().map(|e| e["name"].as_str().unwrap()).collect();
     for n in [
         "train_step",
@@ -62,6 +71,7 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
         "RegressionNet/backbone/0",
         "RegressionNet/mean_head",
         "RegressionNet/logvar_head",
+        "load_batch",
     ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
@@ -88,7 +98,47 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
             .unwrap()
             .contains("regression.rs:")
     );
-    assert!(module["args"]["rss_delta_kb"].is_string());
+    assert!(
+        module["args"].get("rss_delta_kb").is_none(),
+        "memory is a counter"
+    );
+
+    // Metadata names the process and every thread; the loader's workers (num_workers: 2)
+    // record their batches on their own threads, beside the training thread.
+    let meta = phase("M");
+    let process = meta.iter().find(|e| e["name"] == "process_name").unwrap();
+    assert_eq!(process["args"]["name"], "kiln (train_step)");
+    let thread_name = |tid: &serde_json::Value| -> String {
+        meta.iter()
+            .find(|e| e["name"] == "thread_name" && &e["tid"] == tid)
+            .and_then(|e| e["args"]["name"].as_str())
+            .unwrap_or_else(|| panic!("no thread_name for tid {tid}"))
+            .to_string()
+    };
+    for e in &ev {
+        thread_name(&e["tid"]);
+    }
+    let train_tid = &ev.iter().find(|e| e["name"] == "train_step").unwrap()["tid"];
+    let workers: Vec<&serde_json::Value> =
+        ev.iter().filter(|e| e["name"] == "load_batch").collect();
+    assert!(
+        workers
+            .iter()
+            .all(|e| &e["tid"] != train_tid && thread_name(&e["tid"]).starts_with("kiln-loader-")),
+        "{workers:?}"
+    );
+    // Memory: counter events with numeric values on the RSS track, in time order.
+    let rss: Vec<f64> = phase("C")
+        .iter()
+        .filter(|e| e["name"] == "RSS (MiB)")
+        .map(|e| e["args"]["MiB"].as_f64().unwrap())
+        .collect();
+    assert!(
+        rss.len() >= 2 * 3,
+        "a reading per span boundary: {}",
+        rss.len()
+    );
+    assert!(rss.iter().all(|v| *v > 1.0), "{rss:?}");
     // Children lie within their parents: every module span inside a forward span.
     let within = |c: &serde_json::Value, p: &serde_json::Value| {
         let (cs, cd) = (c["ts"].as_f64().unwrap(), c["dur"].as_f64().unwrap());
@@ -145,6 +195,12 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     let csv = std::fs::read_to_string(run.path.join("resources.csv")).unwrap();
     assert!(csv.starts_with("t_s,cpu_pct,cpu_pct_per_core,rss_mb"));
     assert!(csv.lines().count() >= 2, "at least the final sample");
+    let svg = std::fs::read_to_string(run.path.join("resources.svg")).unwrap();
+    let samples = csv.lines().count() - 1;
+    assert!(
+        svg.contains("too few samples") == (samples < kiln::observe::resources::MIN_CHART_SAMPLES),
+        "{samples} samples"
+    );
     let verdict = out.verdict.unwrap();
     assert!(["input-bound", "compute-bound", "overhead-bound"].contains(&verdict.bound.label()));
     let m = out.manifest.unwrap();

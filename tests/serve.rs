@@ -281,6 +281,13 @@ async fn every_endpoint_answers() {
         assert_eq!(m["outputs"][0]["name"], "mean");
         assert_eq!(m["outputs"][1]["name"], "std");
         assert_eq!(m["outputs"][1]["shape"], json!([-1, K]));
+        let convention = m["outputs"][1]["parameters"]["convention"]
+            .as_str()
+            .unwrap();
+        assert!(
+            convention.contains("std = exp(0.5 * logvar) * target_std"),
+            "{convention}"
+        );
     }
     for path in ["/v2/models/tiny/ready", "/v2/models/tiny/versions/1/ready"] {
         let r = c.get(path).await.unwrap();

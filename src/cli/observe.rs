@@ -96,6 +96,9 @@ pub fn profile_diff(a: &Path, b: &Path, json: bool) -> CliResult {
     let ta = KeyAverages::load(&table_path(a)).map_err(CliError::input)?;
     let tb = KeyAverages::load(&table_path(b)).map_err(CliError::input)?;
     let rows = profiler::diff(&ta, &tb);
+    if let Some(w) = profiler::kind_mismatch(&ta, &tb) {
+        eprintln!("warning: {w}");
+    }
     if json {
         for r in &rows {
             println!("{}", serde_json::to_string(r)?);

@@ -267,17 +267,138 @@ fn points(rows: &[RunRow], which: LatencyBatch) -> Vec<RunPoint> {
         .collect()
 }
 
+/// What the report says about each run: its config values for the keys that vary across
+/// runs, and its hover text.
+struct RunNotes<'a> {
+    rows: &'a [RunRow],
+    /// Config keys whose values differ between runs.
+    varying: Vec<String>,
+    /// Each run's flattened config, by position in `rows`.
+    configs: Vec<std::collections::BTreeMap<String, String>>,
+}
+
+impl<'a> RunNotes<'a> {
+    fn new(rows: &'a [RunRow]) -> Self {
+        let configs: Vec<_> = rows
+            .iter()
+            .map(|r| analysis::config_values(&config_value(r)))
+            .collect();
+        let varying = analysis::varying_keys(&configs);
+        Self {
+            rows,
+            varying,
+            configs,
+        }
+    }
+
+    fn index(&self, id: &str) -> Option<usize> {
+        self.rows.iter().position(|r| r.id == id)
+    }
+
+    /// `key=value` for the varying keys.
+    fn difference(&self, i: usize) -> String {
+        if self.varying.is_empty() {
+            return "same config as every other run".into();
+        }
+        self.varying
+            .iter()
+            .map(|k| format!("{k}={}", self.value(i, k)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn value(&self, i: usize, key: &str) -> String {
+        self.configs[i]
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| "—".into())
+    }
+
+    /// Hover text of one run: id, config difference, latency, loss (and the flag).
+    fn tip(&self, i: usize, which: LatencyBatch, flag: Option<&Flagged>) -> String {
+        let r = &self.rows[i];
+        let mut t = format!(
+            "{}\nconfig: {}\nlatency b{} p50: {} µs\nval loss: {}\nparams: {}",
+            r.id,
+            self.difference(i),
+            which.batch(),
+            short(which.of(r), 2),
+            short(r.val_metric, 5),
+            r.param_count
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "—".into())
+        );
+        if let Some(f) = flag {
+            let _ = write!(
+                t,
+                "\nFLAGGED: {:.2}× the median ({:.2} µs) of {} runs of similar size",
+                f.ratio, f.peer_median_us, f.peers
+            );
+        }
+        t
+    }
+}
+
+/// One scatter series of a report chart: identical points drawn once, labelled `×N`
+/// (flagged runs by their id), each with the hover text of every run it holds.
+fn report_series(
+    name: &str,
+    color: Color,
+    radius: f64,
+    runs: &[(usize, (f64, f64))],
+    tip: &dyn Fn(usize) -> String,
+    label: &dyn Fn(usize) -> Option<String>,
+) -> Series {
+    let pts: Vec<(f64, f64)> = runs.iter().map(|(_, p)| *p).collect();
+    let groups = analysis::group_identical(&pts);
+    let mut points = Vec::with_capacity(groups.len());
+    let (mut tips, mut labels) = (Vec::new(), Vec::new());
+    for (p, members) in groups {
+        let idx: Vec<usize> = members.iter().map(|&m| runs[m].0).collect();
+        points.push(p);
+        let mut t = idx.iter().map(|&i| tip(i)).collect::<Vec<_>>().join("\n\n");
+        let mut l: Vec<String> = idx.iter().filter_map(|&i| label(i)).collect();
+        if idx.len() > 1 {
+            t = format!("{} identical runs at this point:\n\n{t}", idx.len());
+            l.push(format!("×{}", idx.len()));
+        }
+        tips.push(t);
+        labels.push(l.join(" "));
+    }
+    Series::scatter(name, color, points)
+        .radius(radius)
+        .tips(tips)
+        .labels(labels)
+}
+
 /// `kiln runs report`: figures and an HTML page.
 pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
     let reg = open(registry)?;
     let rows = reg.list()?;
     let pts = points(&rows, which);
     let flagged = analysis::detect(&pts, &RegressionRule::default());
-    let is_flagged = |id: &str| flagged.iter().any(|f| f.id == id);
+    let flag_of = |id: &str| flagged.iter().find(|f| f.id == id);
+    let is_flagged = |id: &str| flag_of(id).is_some();
+    let notes = RunNotes::new(&rows);
     std::fs::create_dir_all(out)?;
 
-    let (normal, slow): (Vec<&RunPoint>, Vec<&RunPoint>) =
-        pts.iter().partition(|p| !is_flagged(&p.id));
+    let tip = |i: usize| notes.tip(i, which, flag_of(&rows[i].id));
+    let label = |i: usize| is_flagged(&rows[i].id).then(|| rows[i].id.clone());
+    let no_label = |_: usize| None;
+    let located = |p: &RunPoint| notes.index(&p.id).map(|i| (i, (p.params, p.latency_us)));
+    let normal: Vec<(usize, (f64, f64))> = pts
+        .iter()
+        .filter(|p| !is_flagged(&p.id))
+        .filter_map(located)
+        .collect();
+    let slow: Vec<(usize, (f64, f64))> = pts
+        .iter()
+        .filter(|p| is_flagged(&p.id))
+        .filter_map(located)
+        .collect();
+    // One slow outlier would squeeze every other run into a line: log scale past 10×.
+    let latencies: Vec<f64> = pts.iter().map(|p| p.latency_us).collect();
+    let log_latency = analysis::spans_a_decade(&latencies);
     let lat = Figure::new(
         format!(
             "Median inference latency (batch {}) vs parameter count, {} runs",
@@ -288,39 +409,46 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         600,
     )
     .panel(
-        Panel::new("", "parameters", "p50 latency (µs)")
-            .series(
-                Series::scatter(
-                    "runs",
-                    Color::BLUE,
-                    normal.iter().map(|p| (p.params, p.latency_us)).collect(),
-                )
-                .radius(4.0),
-            )
-            .series(
-                Series::scatter(
-                    "flagged regression",
-                    Color::RED,
-                    slow.iter().map(|p| (p.params, p.latency_us)).collect(),
-                )
-                .radius(5.0),
-            ),
+        Panel::new(
+            "",
+            "parameters",
+            if log_latency {
+                "p50 latency (µs, log scale)"
+            } else {
+                "p50 latency (µs)"
+            },
+        )
+        .log_y(log_latency)
+        .series(report_series(
+            "runs",
+            Color::BLUE,
+            4.0,
+            &normal,
+            &tip,
+            &no_label,
+        ))
+        .series(report_series(
+            "flagged regression",
+            Color::RED,
+            5.0,
+            &slow,
+            &tip,
+            &label,
+        )),
     );
     let (lat_svg, lat_png) = lat.save(&out.join("latency_vs_params"))?;
 
-    let finished: Vec<&RunRow> = rows
+    let finished: Vec<(usize, (f64, f64))> = rows
         .iter()
-        .filter(|r| r.status == "finished" && r.param_count.is_some() && r.val_metric.is_some())
+        .enumerate()
+        .filter_map(
+            |(i, r)| match (r.status.as_str(), r.param_count, r.val_metric) {
+                ("finished", Some(p), Some(v)) => Some((i, (p as f64, v))),
+                _ => None,
+            },
+        )
         .collect();
-    let mp: Vec<(f64, f64)> = finished
-        .iter()
-        .map(|r| {
-            (
-                r.param_count.unwrap_or(0) as f64,
-                r.val_metric.unwrap_or(f64::NAN),
-            )
-        })
-        .collect();
+    let mp: Vec<(f64, f64)> = finished.iter().map(|(_, p)| *p).collect();
     let front = analysis::pareto_front(&mp);
     let metric = Figure::new(
         format!(
@@ -336,14 +464,23 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
             "parameters",
             "validation loss (stage 1, normalised MSE)",
         )
-        .series(Series::scatter("runs", Color::BLUE, mp.clone()).radius(4.0))
+        .series(report_series(
+            "runs",
+            Color::BLUE,
+            4.0,
+            &finished,
+            &tip,
+            &label,
+        ))
         .series(Series::step(
             "Pareto front",
             Color::GREEN,
             front.iter().map(|&i| mp[i]).collect(),
         ))
         .series(
-            Series::scatter("", Color::GREEN, front.iter().map(|&i| mp[i]).collect()).radius(5.0),
+            Series::scatter("", Color::GREEN, front.iter().map(|&i| mp[i]).collect())
+                .radius(5.0)
+                .tips(front.iter().map(|&i| tip(finished[i].0)).collect()),
         ),
     );
     let (m_svg, m_png) = metric.save(&out.join("metric_vs_params"))?;
@@ -352,7 +489,7 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
     html.push_str("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>kiln runs report</title>\n<style>body{font-family:sans-serif;margin:24px}table{border-collapse:collapse}td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}tr.flag{background:#fde2e2}</style></head><body>\n");
     let _ = writeln!(
         html,
-        "<h1>kiln runs report</h1><p>{} runs in {}; {} flagged as latency regressions (≥ 1.5× the median of runs within ±5 % of their size).</p>",
+        "<h1>kiln runs report</h1><p>{} runs in {}; {} flagged as latency regressions (≥ 1.5× the median of runs within ±5 % of their size). Hover over a point for its run, config and numbers.</p>",
         rows.len(),
         kiln::util::escape_xml(&registry.display().to_string()),
         flagged.len()
@@ -368,12 +505,16 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         );
         html.push_str("</div>\n");
     }
-    html.push_str("<table><tr><th>run</th><th>status</th><th>params</th><th>val loss</th><th>b1 p50 µs</th><th>b128 p50 µs</th><th>flag</th></tr>\n");
-    for r in &rows {
+    html.push_str("<table><tr><th>run</th><th>status</th><th>params</th><th>val loss</th><th>b1 p50 µs</th><th>b128 p50 µs</th><th>flag</th>");
+    for k in &notes.varying {
+        let _ = write!(html, "<th>{}</th>", kiln::util::escape_xml(k));
+    }
+    html.push_str("</tr>\n");
+    for (i, r) in rows.iter().enumerate() {
         let f = is_flagged(&r.id);
-        let _ = writeln!(
+        let _ = write!(
             html,
-            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
             if f { " class=\"flag\"" } else { "" },
             kiln::util::escape_xml(&r.id),
             kiln::util::escape_xml(&r.status),
@@ -383,6 +524,14 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
             short(r.latency_b128_p50_us, 1),
             if f { "regression" } else { "" }
         );
+        for k in &notes.varying {
+            let _ = write!(
+                html,
+                "<td>{}</td>",
+                kiln::util::escape_xml(&notes.value(i, k))
+            );
+        }
+        html.push_str("</tr>\n");
     }
     html.push_str("</table></body></html>\n");
     let page = out.join("report.html");

@@ -275,7 +275,11 @@ fn worker_loop(w: usize, n: usize, source: &BatchSource, jobs: Receiver<EpochJob
     while let Ok(job) = jobs.recv() {
         let mut b = w;
         while b < job.n_batches {
-            let batch = source.assemble(b, batch_rows(&job.order, job.batch_size, b));
+            // On this worker's own thread: its own track in the profiler's trace.
+            let batch = {
+                let _s = crate::prof_span!("load_batch", batch = b).entered();
+                source.assemble(b, batch_rows(&job.order, job.batch_size, b))
+            };
             if job.tx.send(batch).is_err() {
                 break; // the epoch was abandoned
             }
@@ -316,6 +320,7 @@ impl Iterator for Epoch<'_> {
         let b = self.next;
         self.next += 1;
         if self.receivers.is_empty() {
+            let _s = crate::prof_span!("load_batch", batch = b).entered();
             return Some(
                 self.source
                     .assemble(b, batch_rows(&self.order, self.batch_size, b)),

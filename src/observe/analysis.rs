@@ -216,6 +216,54 @@ pub fn config_diff(a: &serde_json::Value, b: &serde_json::Value) -> Vec<(String,
         .collect()
 }
 
+/// Points grouped by identical coordinates (bit for bit), in order of first appearance:
+/// each group's point and the indices of the points at it. A chart draws each group once and
+/// says how many runs it holds, so identical runs do not hide behind one another.
+pub fn group_identical(points: &[(f64, f64)]) -> Vec<((f64, f64), Vec<usize>)> {
+    let mut groups: Vec<((f64, f64), Vec<usize>)> = Vec::new();
+    let mut at: std::collections::HashMap<(u64, u64), usize> = std::collections::HashMap::new();
+    for (i, &(x, y)) in points.iter().enumerate() {
+        let key = (x.to_bits(), y.to_bits());
+        match at.get(&key) {
+            Some(&g) => groups[g].1.push(i),
+            None => {
+                at.insert(key, groups.len());
+                groups.push(((x, y), vec![i]));
+            }
+        }
+    }
+    groups
+}
+
+/// Whether values spread over more than a factor of 10 (all positive): worth a log axis.
+pub fn spans_a_decade(values: &[f64]) -> bool {
+    let pos = values.iter().copied().filter(|v| v.is_finite() && *v > 0.0);
+    let (lo, hi) = pos.fold((f64::INFINITY, 0.0f64), |(l, h), v| (l.min(v), h.max(v)));
+    lo.is_finite() && hi / lo > 10.0
+}
+
+/// A config flattened into `key → value` (keys in `--set` syntax, see [`flatten_set_keys`]).
+pub fn config_values(v: &serde_json::Value) -> std::collections::BTreeMap<String, String> {
+    let mut flat = Vec::new();
+    flatten_set_keys("", v, &mut flat);
+    flat.into_iter().collect()
+}
+
+/// The keys whose values are not the same in every one of `configs` (a key missing from
+/// some counts as differing), sorted.
+pub fn varying_keys(configs: &[std::collections::BTreeMap<String, String>]) -> Vec<String> {
+    let mut keys: Vec<&String> = configs.iter().flat_map(|c| c.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| {
+            let first = configs.first().and_then(|c| c.get(*k));
+            configs.iter().any(|c| c.get(*k) != first)
+        })
+        .cloned()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,6 +350,38 @@ mod tests {
                 "relu".to_string(),
                 "gelu".to_string()
             )]
+        );
+    }
+
+    #[test]
+    fn varying_keys_are_those_not_shared_by_every_run() {
+        let a =
+            config_values(&serde_json::json!({"seed": 1, "model": {"hidden": [16]}, "name": "t"}));
+        let b =
+            config_values(&serde_json::json!({"seed": 2, "model": {"hidden": [16]}, "name": "t"}));
+        let c = config_values(
+            &serde_json::json!({"seed": 1, "model": {"hidden": [32]}, "name": "t", "extra": true}),
+        );
+        assert_eq!(varying_keys(&[a.clone(), b.clone()]), vec!["seed"]);
+        assert_eq!(
+            varying_keys(&[a.clone(), b, c]),
+            vec!["extra", "model.hidden", "seed"]
+        );
+        assert!(varying_keys(&[a.clone(), a]).is_empty());
+        assert!(varying_keys(&[]).is_empty());
+    }
+
+    #[test]
+    fn identical_points_are_grouped_and_a_wide_spread_wants_a_log_axis() {
+        let g = group_identical(&[(1.0, 2.0), (3.0, 4.0), (1.0, 2.0), (1.0, 2.0)]);
+        assert_eq!(g, vec![((1.0, 2.0), vec![0, 2, 3]), ((3.0, 4.0), vec![1])]);
+        assert!(group_identical(&[]).is_empty());
+        assert!(spans_a_decade(&[500.0, 650.0, 7000.0]));
+        assert!(!spans_a_decade(&[500.0, 650.0, 4999.0]));
+        assert!(!spans_a_decade(&[]));
+        assert!(
+            !spans_a_decade(&[0.0, 5.0]),
+            "non-positive values are ignored"
         );
     }
 }

@@ -3,9 +3,12 @@
 //! A [`Figure`] stacks [`Panel`]s vertically; a panel holds line, scatter and step
 //! [`Series`] plus labelled dashed vertical markers ([`VLine`]). Adjacent panels with the
 //! same x label, log flag and x range share one x axis (union range, tick labels only on
-//! the lowest). Ticks are "nice" (1/2/5 × 10^k; decades on a log axis) with compact labels
-//! (`1.2k`, `3.4M`). Non-finite points are skipped (a line breaks there), as are x ≤ 0 on a
-//! log axis and points or markers outside an explicit range; degenerate ranges are padded.
+//! the lowest). Either axis may be logarithmic. Ticks are "nice" (1/2/5 × 10^k; decades on a
+//! log axis) with compact labels (`1.2k`, `3.4M`). Non-finite points are skipped (a line
+//! breaks there), as are values ≤ 0 on a log axis and points or markers outside an explicit
+//! range; degenerate ranges are padded. Scatter points may carry a text label drawn beside
+//! them and a tooltip: in the SVG each such point's `<circle>` holds a `<title>`, which
+//! browsers show on hover.
 //! Text is set in DejaVu Sans, embedded from `assets/fonts/` and handed to plotters'
 //! `ab_glyph` renderer, so rendering needs no system fonts. Rendering never panics on user
 //! data; a figure too small for its panels comes out blank but for its title.
@@ -97,6 +100,10 @@ pub struct Series {
     pub radius: f64,
     /// Line width in pixels (default 2).
     pub width: f64,
+    /// Scatter only: hover text per point, by index (SVG `<title>`; empty = none).
+    pub tips: Vec<String>,
+    /// Scatter only: text drawn beside each point, by index (empty = none).
+    pub labels: Vec<String>,
 }
 
 impl Series {
@@ -115,6 +122,8 @@ impl Series {
             points,
             radius: 3.0,
             width: 2.0,
+            tips: Vec::new(),
+            labels: Vec::new(),
         }
     }
     /// A [`SeriesKind::Line`] series.
@@ -136,6 +145,14 @@ impl Series {
     /// Sets the line width in pixels.
     pub fn width(self, width: f64) -> Self {
         Series { width, ..self }
+    }
+    /// Sets the hover text of each point (scatter; SVG `<title>`).
+    pub fn tips(self, tips: Vec<String>) -> Self {
+        Series { tips, ..self }
+    }
+    /// Sets the text drawn beside each point (scatter).
+    pub fn labels(self, labels: Vec<String>) -> Self {
+        Series { labels, ..self }
     }
 }
 
@@ -163,6 +180,8 @@ pub struct Panel {
     pub vlines: Vec<VLine>,
     /// Logarithmic (base 10) x axis; points with x ≤ 0 are skipped.
     pub log_x: bool,
+    /// Logarithmic (base 10) y axis; points with y ≤ 0 are skipped.
+    pub log_y: bool,
     /// Fixed x range; `None` fits the data (and markers) with 5% padding.
     pub x_range: Option<(f64, f64)>,
     /// Fixed y range; `None` fits the data with 5% padding.
@@ -200,6 +219,10 @@ impl Panel {
     /// Makes the x axis logarithmic (or linear).
     pub fn log_x(self, log_x: bool) -> Self {
         Panel { log_x, ..self }
+    }
+    /// Makes the y axis logarithmic (or linear).
+    pub fn log_y(self, log_y: bool) -> Self {
+        Panel { log_y, ..self }
     }
     /// Fixes the x range.
     pub fn x_range(self, lo: f64, hi: f64) -> Self {
@@ -284,12 +307,14 @@ impl Figure {
     fn svg(&self) -> std::io::Result<String> {
         font_ready()?;
         let mut out = String::new();
-        {
+        let placed = {
             let root = SVGBackend::with_string(&mut out, self.size()).into_drawing_area();
-            self.render(&root).map_err(drawing)?;
+            let placed = self.render(&root).map_err(drawing)?;
             root.present().map_err(drawing)?;
-        }
-        Ok(out)
+            placed
+        };
+        let tips: Vec<Option<String>> = placed.into_iter().flat_map(|p| p.tips).collect();
+        Ok(with_titles(&out, &tips))
     }
 
     /// The figure as packed 8-bit RGB rows, and where each panel landed.
@@ -330,6 +355,36 @@ fn font_ready() -> std::io::Result<()> {
             "the embedded font assets/fonts/DejaVuSans.ttf is not a TrueType font plotters can load",
         )
     })
+}
+
+/// The SVG with the `k`-th `<circle>` (the `k`-th scatter point drawn) holding `tips[k]` as
+/// its `<title>`. Left as it is if the circles and the points do not pair up one to one.
+fn with_titles(svg: &str, tips: &[Option<String>]) -> String {
+    if tips.iter().all(Option::is_none) || svg.matches("<circle").count() != tips.len() {
+        return svg.to_string();
+    }
+    let mut out = String::with_capacity(svg.len() + tips.len() * 64);
+    let mut rest = svg;
+    for tip in tips {
+        let Some(start) = rest.find("<circle") else {
+            break;
+        };
+        let Some(end) = rest[start..].find("/>").map(|e| start + e) else {
+            break;
+        };
+        out.push_str(&rest[..end]);
+        match tip {
+            Some(t) => {
+                out.push_str("><title>");
+                out.push_str(&crate::util::escape_xml(t));
+                out.push_str("</title></circle>");
+            }
+            None => out.push_str("/>"),
+        }
+        rest = &rest[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn drawing<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> Error {
@@ -519,23 +574,29 @@ impl Rect {
 #[derive(Clone, Debug, PartialEq)]
 struct Placed {
     log_x: bool,
+    log_y: bool,
     xr: (f64, f64),
     yr: (f64, f64),
     px: (i32, i32),
     py: (i32, i32),
     x_labels: bool,
+    /// The hover text of each scatter point drawn, in drawing order.
+    tips: Vec<Option<String>>,
 }
 
 impl Placed {
     /// The pixel a data point maps to (NaN where it has none, e.g. x ≤ 0 on a log axis).
+    #[cfg(test)]
     fn pixel(&self, (x, y): Pt) -> Pt {
+        self.axis_pixel((to_axis(x, self.log_x), to_axis(y, self.log_y)))
+    }
+
+    /// The pixel a point in axis space (log10 on a log axis) maps to.
+    fn axis_pixel(&self, (x, y): Pt) -> Pt {
         let f = |v: f64, (lo, hi): (f64, f64), (a, b): (i32, i32)| {
             a as f64 + (v - lo) / (hi - lo) * (b - a) as f64
         };
-        (
-            f(to_axis(x, self.log_x), self.xr, self.px),
-            f(y, self.yr, self.py),
-        )
+        (f(x, self.xr, self.px), f(y, self.yr, self.py))
     }
 }
 
@@ -712,8 +773,13 @@ fn pad_range(lo: f64, hi: f64, log: bool, margin: bool) -> (f64, f64) {
     }
 }
 
-fn finite_points(s: &Series, log_x: bool) -> impl Iterator<Item = Pt> + '_ {
-    let ok = move |&(x, y): &Pt| x.is_finite() && y.is_finite() && (!log_x || x > 0.0);
+/// Whether a point can be drawn: finite, and positive on a log axis.
+fn plottable((x, y): Pt, log_x: bool, log_y: bool) -> bool {
+    x.is_finite() && y.is_finite() && (!log_x || x > 0.0) && (!log_y || y > 0.0)
+}
+
+fn finite_points(s: &Series, log_x: bool, log_y: bool) -> impl Iterator<Item = Pt> + '_ {
+    let ok = move |q: &Pt| plottable(*q, log_x, log_y);
     s.points.iter().copied().filter(ok)
 }
 
@@ -721,7 +787,7 @@ fn finite_points(s: &Series, log_x: bool) -> impl Iterator<Item = Pt> + '_ {
 fn coords(p: &Panel, f: fn(Pt) -> f64) -> impl Iterator<Item = f64> + '_ {
     p.series
         .iter()
-        .flat_map(|s| finite_points(s, p.log_x))
+        .flat_map(|s| finite_points(s, p.log_x, p.log_y))
         .map(f)
 }
 
@@ -792,11 +858,20 @@ impl Figure {
         // Y ranges and ticks per panel.
         let mut ys = Vec::new();
         for p in panels {
-            let (lo, hi) = axis_range(&coords(p, |q| q.1).collect::<Vec<_>>(), false, p.y_range);
+            let yv: Vec<f64> = coords(p, |q| q.1).collect();
+            let (lo, hi) = axis_range(&yv, p.log_y, p.y_range);
             let target = (plot_h / (m.th * 2.5)).clamp(2.0, 10.0) as usize;
-            let ticks = nice_ticks(lo, hi, target);
+            let values: Vec<f64> = match p.log_y {
+                true => log_ticks(lo, hi, target),
+                false => nice_ticks(lo, hi, target),
+            };
+            let values: Vec<f64> = values
+                .into_iter()
+                .filter(|v| to_axis(*v, p.log_y).is_finite())
+                .collect();
+            let keys = values.iter().map(|v| to_axis(*v, p.log_y)).collect();
             let px = |v: f64| (v - lo) / (hi - lo) * plot_h;
-            let made = make_ticks(ticks.clone(), ticks, px, |_| m.th + 2.0);
+            let made = make_ticks(keys, values, px, |_| m.th + 2.0);
             ys.push(((lo, hi), made));
         }
         // Horizontal room is shared so that stacked plot areas align.
@@ -924,13 +999,15 @@ fn draw_panel<DB: DrawingBackend>(
         Axis(yr.0, yr.1, key(&l.y_ticks)),
     )?;
     let (px, py) = chart.plotting_area().get_pixel_range();
-    let placed = Placed {
+    let mut placed = Placed {
         log_x: p.log_x,
+        log_y: p.log_y,
         xr,
         yr,
         px: (px.start, px.end - 1),
         py: (py.end - 1, py.start),
         x_labels: l.show_x,
+        tips: Vec::new(),
     };
     let (x0, x1, y0, y1) = (
         px.start as f64,
@@ -978,9 +1055,7 @@ fn draw_panel<DB: DrawingBackend>(
         let line = [(t, yr.0), (t, yr.1)];
         let (dl, gap) = ((5.0 * m.s) as i32, (4.0 * m.s) as i32);
         chart.draw_series(DashedLineSeries::new(line, dl, gap, dash))?;
-        let x = placed
-            .pixel((if p.log_x { 10f64.powf(t) } else { t }, yr.1))
-            .0;
+        let x = placed.axis_pixel((t, yr.1)).0;
         let (room_r, room_l) = (x1 - x - 5.0, x - x0 - 5.0);
         let right = text_width(label, &m.marker) <= room_r || room_r >= room_l;
         let text = truncate(label, if right { room_r } else { room_l }, &m.marker);
@@ -998,10 +1073,8 @@ fn draw_panel<DB: DrawingBackend>(
     }
     // Series, clipped to the axis ranges in data space.
     let bounds = Rect(xr.0, yr.0, xr.1, yr.1);
-    let to_px = |q: Pt| {
-        let x = if p.log_x { 10f64.powf(q.0) } else { q.0 };
-        placed.pixel((x, q.1))
-    };
+    let to_px = |q: Pt| placed.axis_pixel(q);
+    let mut panel_tips = Vec::new();
     let (sw, legend_dot) = (14.0 * m.s, (m.th / 2.0 - 1.0).max(1.0));
     let mut named = Vec::new();
     for s in &p.series {
@@ -1016,13 +1089,45 @@ fn draw_panel<DB: DrawingBackend>(
         } else {
             0.0
         } as u32;
-        let on_axis = |(x, y): Pt| (to_axis(x, p.log_x), y);
+        let on_axis = |(x, y): Pt| (to_axis(x, p.log_x), to_axis(y, p.log_y));
         let anno = match s.kind {
             SeriesKind::Scatter => {
-                let pts: Vec<Pt> = finite_points(s, p.log_x)
-                    .map(on_axis)
-                    .filter(|q| bounds.contains(*q, 0.0))
+                let shown: Vec<(usize, Pt)> = s
+                    .points
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, q)| plottable(**q, p.log_x, p.log_y))
+                    .map(|(i, q)| (i, on_axis(*q)))
+                    .filter(|(_, q)| bounds.contains(*q, 0.0))
                     .collect();
+                let text_of = |v: &[String], i: usize| v.get(i).filter(|t| !t.is_empty()).cloned();
+                let tips = shown.iter().map(|(i, _)| text_of(&s.tips, *i));
+                panel_tips.extend(tips);
+                for (i, q) in &shown {
+                    let Some(label) = text_of(&s.labels, *i) else {
+                        continue;
+                    };
+                    // Right of the point, or left of it where the right has less room.
+                    let (x, y) = to_px(*q);
+                    let gap = radius as f64 + 3.0 * m.s;
+                    let (room_r, room_l) = (x1 - x - gap, x - x0 - gap);
+                    let right = text_width(&label, &m.marker) <= room_r || room_r >= room_l;
+                    let room = if right { room_r } else { room_l };
+                    let text = truncate(&label, room.max(0.0), &m.marker);
+                    if text.is_empty() {
+                        continue;
+                    }
+                    let tw = text_width(&text, &m.marker);
+                    let a = if right { x + gap } else { x - gap - tw };
+                    let top = y - m.th / 2.0;
+                    root.draw(&Text::new(
+                        text.clone(),
+                        (a as i32, top as i32),
+                        m.marker.clone(),
+                    ))?;
+                    drawn.labels.push((a, top, a + tw, top + m.th));
+                }
+                let pts: Vec<Pt> = shown.into_iter().map(|(_, q)| q).collect();
                 drawn.points.extend(pts.iter().map(|q| to_px(*q)));
                 let dots = pts
                     .into_iter()
@@ -1040,7 +1145,8 @@ fn draw_panel<DB: DrawingBackend>(
                 let path: Vec<Pt> = if kind == SeriesKind::Line {
                     s.points.iter().map(|q| on_axis(*q)).collect()
                 } else {
-                    let mut pts: Vec<Pt> = finite_points(s, p.log_x).map(on_axis).collect();
+                    let mut pts: Vec<Pt> =
+                        finite_points(s, p.log_x, p.log_y).map(on_axis).collect();
                     pts.sort_by(|a, b| a.0.total_cmp(&b.0));
                     let corners = pts.windows(2).flat_map(|w| [(w[1].0, w[0].1), w[1]]);
                     pts.first().copied().into_iter().chain(corners).collect()
@@ -1103,6 +1209,7 @@ fn draw_panel<DB: DrawingBackend>(
             .border_style(rgb(LEGEND_EDGE))
             .draw()?;
     }
+    placed.tips = panel_tips;
     Ok(placed)
 }
 

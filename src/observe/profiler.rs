@@ -14,7 +14,9 @@
 //!   measures kernel time, not launch time.
 //!
 //! When the window ends the profiler writes a Chrome trace-event file (`trace.json`, opens in
-//! Perfetto or chrome://tracing) and a key-averages table (`key_averages.txt` / `.json`: calls,
+//! Perfetto or chrome://tracing: one track per thread, named by process and thread metadata
+//! events, so the data loader's workers show beside the training thread; with
+//! `profile_memory`, resident and GPU memory as counter tracks) and a key-averages table (`key_averages.txt` / `.json`: calls,
 //! total, self, average, % of step), like `torch.profiler`'s `key_averages().table()`.
 
 use std::cell::Cell;
@@ -43,6 +45,8 @@ static RECORDING: AtomicBool = AtomicBool::new(false);
 static STEP: AtomicU64 = AtomicU64::new(0);
 static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
 static NEXT_TID: AtomicU64 = AtomicU64::new(1);
+/// The name of each thread that has recorded a span, by its small id.
+static THREAD_NAMES: Mutex<BTreeMap<u64, String>> = Mutex::new(BTreeMap::new());
 
 thread_local! {
     static TID: Cell<u64> = const { Cell::new(0) };
@@ -51,10 +55,31 @@ thread_local! {
 fn thread_id() -> u64 {
     TID.with(|t| {
         if t.get() == 0 {
-            t.set(NEXT_TID.fetch_add(1, Ordering::Relaxed));
+            let id = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+            t.set(id);
+            let name = std::thread::current()
+                .name()
+                .map_or_else(|| format!("thread {id}"), str::to_string);
+            if let Ok(mut names) = THREAD_NAMES.lock() {
+                names.insert(id, name);
+            }
         }
         t.get()
     })
+}
+
+/// The names of the threads with these ids (`thread N` for unnamed threads).
+fn thread_names(ids: impl IntoIterator<Item = u64>) -> BTreeMap<u64, String> {
+    let known = THREAD_NAMES.lock().map(|g| g.clone()).unwrap_or_default();
+    ids.into_iter()
+        .map(|id| {
+            let name = known
+                .get(&id)
+                .cloned()
+                .unwrap_or_else(|| format!("thread {id}"));
+            (id, name)
+        })
+        .collect()
 }
 
 /// Options of a recording.
@@ -83,14 +108,65 @@ pub struct Event {
     pub tid: u64,
     /// Optimizer step (or iteration) it belongs to.
     pub step: u64,
-    /// Shapes, RSS delta, source location.
+    /// Shapes and source location (when recorded).
     pub args: BTreeMap<String, String>,
+}
+
+/// A memory reading, drawn as counter tracks (Chrome trace phase `C`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CounterSample {
+    /// Time, µs since the recording began.
+    pub ts_us: f64,
+    /// Resident set size of the process, MiB.
+    pub rss_mb: Option<f64>,
+    /// GPU memory in use, MiB (CUDA builds with NVML).
+    pub gpu_mem_mb: Option<f64>,
+}
+
+/// What one recording holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recording {
+    /// The timed spans, in the order they ended.
+    pub events: Vec<Event>,
+    /// Memory readings (with `profile_memory`): at every span's start and end (RSS) and at
+    /// every step boundary (RSS and GPU memory).
+    pub counters: Vec<CounterSample>,
+    /// The name of each thread in `events`, by id.
+    pub threads: BTreeMap<u64, String>,
 }
 
 struct Recorder {
     origin: Instant,
     opts: Options,
     events: Vec<Event>,
+    counters: Vec<CounterSample>,
+}
+
+impl Recorder {
+    fn now_us(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.origin).as_secs_f64() * 1e6
+    }
+}
+
+/// Record the process RSS (and, when `gpu`, GPU memory) at `at`, if memory is profiled.
+fn sample_memory(at: Instant, gpu: bool) {
+    let Ok(mut guard) = RECORDER.lock() else {
+        return;
+    };
+    let Some(rec) = guard.as_mut() else { return };
+    if !rec.opts.profile_memory {
+        return;
+    }
+    let sample = CounterSample {
+        ts_us: rec.now_us(at),
+        rss_mb: super::resources::rss_kb().map(|kb| kb as f64 / 1024.0),
+        gpu_mem_mb: if gpu {
+            super::resources::gpu_memory_mb()
+        } else {
+            None
+        },
+    };
+    rec.counters.push(sample);
 }
 
 /// Per-span data kept in the registry's extensions while recording.
@@ -99,7 +175,6 @@ struct Timing {
     cat: &'static str,
     args: BTreeMap<String, String>,
     start: Option<Instant>,
-    rss_start_kb: Option<i64>,
 }
 
 struct FieldCollector<'a> {
@@ -177,7 +252,6 @@ where
                 cat,
                 args,
                 start: None,
-                rss_start_kb: None,
             });
         }
     }
@@ -186,14 +260,7 @@ where
         if let Some(span) = ctx.span(id)
             && let Some(t) = span.extensions_mut().get_mut::<Timing>()
         {
-            let memory = RECORDER
-                .lock()
-                .ok()
-                .and_then(|g| g.as_ref().map(|r| r.opts.profile_memory))
-                .unwrap_or(false);
-            if memory {
-                t.rss_start_kb = super::resources::rss_kb();
-            }
+            sample_memory(Instant::now(), false);
             t.start = Some(Instant::now());
         }
     }
@@ -210,21 +277,17 @@ where
             return;
         };
         let Some(rec) = guard.as_mut() else { return };
-        let mut args = t.args.clone();
-        if let Some(before) = t.rss_start_kb.take()
-            && let Some(after) = super::resources::rss_kb()
-        {
-            args.insert("rss_delta_kb".into(), (after - before).to_string());
-        }
         rec.events.push(Event {
             name: t.name.clone(),
             cat: t.cat.to_string(),
-            ts_us: start.saturating_duration_since(rec.origin).as_secs_f64() * 1e6,
+            ts_us: rec.now_us(start),
             dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
             tid: thread_id(),
             step: STEP.load(Ordering::Relaxed),
-            args,
+            args: t.args.clone(),
         });
+        drop(guard);
+        sample_memory(end, false);
     }
 }
 
@@ -269,6 +332,7 @@ impl StepProfiler {
                 origin: Instant::now(),
                 opts,
                 events: Vec::new(),
+                counters: Vec::new(),
             });
         }
         Self {
@@ -285,11 +349,17 @@ impl StepProfiler {
         if self.done {
             return Ok(None);
         }
-        STEP.store(step, Ordering::Relaxed);
         if step >= self.schedule.end() {
+            // Spans still ending on other threads (loader workers) keep the last recorded
+            // step rather than one outside the window.
             return self.finish();
         }
-        set_action(self.schedule.action(step));
+        STEP.store(step, Ordering::Relaxed);
+        let action = self.schedule.action(step);
+        set_action(action);
+        if action == Action::Record {
+            sample_memory(Instant::now(), true);
+        }
         Ok(None)
     }
 
@@ -299,17 +369,23 @@ impl StepProfiler {
             return Ok(None);
         }
         self.done = true;
+        if RECORDING.load(Ordering::Relaxed) {
+            sample_memory(Instant::now(), true);
+        }
         set_action(Action::Off);
-        let events = RECORDER
-            .lock()
-            .ok()
-            .and_then(|mut g| g.take())
-            .map(|r| r.events)
-            .unwrap_or_default();
-        if events.is_empty() {
+        let Some(rec) = RECORDER.lock().ok().and_then(|mut g| g.take()) else {
+            return Ok(None);
+        };
+        if rec.events.is_empty() {
             return Ok(None);
         }
-        write_outputs(&events, &self.out_dir, &self.step_name).map(Some)
+        let threads = thread_names(rec.events.iter().map(|e| e.tid));
+        let recording = Recording {
+            events: rec.events,
+            counters: rec.counters,
+            threads,
+        };
+        write_outputs(&recording, &self.out_dir, &self.step_name).map(Some)
     }
 }
 
@@ -516,29 +592,66 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
-/// The Chrome trace-event JSON of a recording.
-pub fn chrome_trace(events: &[Event]) -> serde_json::Value {
-    let trace: Vec<serde_json::Value> = events
-        .iter()
-        .map(|e| {
-            let mut args: serde_json::Map<String, serde_json::Value> = e
-                .args
-                .iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                .collect();
-            args.insert("step".into(), e.step.into());
-            serde_json::json!({
-                "name": e.name,
-                "cat": e.cat,
-                "ph": "X",
-                "ts": e.ts_us,
-                "dur": e.dur_us,
-                "pid": std::process::id(),
-                "tid": e.tid,
-                "args": args,
-            })
+/// The Chrome trace-event JSON of a recording: metadata events (`M`) naming the process
+/// (`process`) and each thread, one complete event (`X`) per span, and counter events (`C`)
+/// for resident memory (`RSS (MiB)`) and GPU memory (`GPU memory (MiB)`).
+pub fn chrome_trace(rec: &Recording, process: &str) -> serde_json::Value {
+    let pid = std::process::id();
+    let mut trace = vec![serde_json::json!({
+        "name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+        "args": {"name": process},
+    })];
+    // Tracks ordered by how many spans they hold: the thread that runs the steps on top,
+    // helpers (loader workers) below it.
+    let mut count: BTreeMap<u64, usize> = BTreeMap::new();
+    for e in &rec.events {
+        *count.entry(e.tid).or_default() += 1;
+    }
+    let mut tids: Vec<(u64, usize)> = count.into_iter().collect();
+    tids.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    for (rank, &(tid, _)) in tids.iter().enumerate() {
+        let name = rec
+            .threads
+            .get(&tid)
+            .cloned()
+            .unwrap_or_else(|| format!("thread {tid}"));
+        trace.push(serde_json::json!({
+            "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+            "args": {"name": name},
+        }));
+        trace.push(serde_json::json!({
+            "name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+            "args": {"sort_index": rank},
+        }));
+    }
+    trace.extend(rec.events.iter().map(|e| {
+        let mut args: serde_json::Map<String, serde_json::Value> = e
+            .args
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        args.insert("step".into(), e.step.into());
+        serde_json::json!({
+            "name": e.name,
+            "cat": e.cat,
+            "ph": "X",
+            "ts": e.ts_us,
+            "dur": e.dur_us,
+            "pid": pid,
+            "tid": e.tid,
+            "args": args,
         })
-        .collect();
+    }));
+    for c in &rec.counters {
+        for (name, value) in [("RSS (MiB)", c.rss_mb), ("GPU memory (MiB)", c.gpu_mem_mb)] {
+            if let Some(v) = value.filter(|v| v.is_finite()) {
+                trace.push(serde_json::json!({
+                    "name": name, "cat": "memory", "ph": "C", "ts": c.ts_us, "pid": pid,
+                    "tid": 0, "args": {"MiB": v},
+                }));
+            }
+        }
+    }
     serde_json::json!({ "traceEvents": trace, "displayTimeUnit": "ms" })
 }
 
@@ -557,16 +670,17 @@ pub struct ProfileOutputs {
 
 /// Write `trace.json`, `key_averages.json` and `key_averages.txt` into `dir`.
 pub fn write_outputs(
-    events: &[Event],
+    rec: &Recording,
     dir: &Path,
     step_name: &str,
 ) -> std::io::Result<ProfileOutputs> {
+    let events = &rec.events;
     std::fs::create_dir_all(dir)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
     let trace = dir.join("trace.json");
     write_atomic(
         &trace,
-        &serde_json::to_vec(&chrome_trace(events)).expect("json"),
+        &serde_json::to_vec(&chrome_trace(rec, &format!("kiln ({step_name})"))).expect("json"),
     )?;
     let averages = key_averages(events, step_name);
     let table_json = dir.join("key_averages.json");
@@ -589,18 +703,32 @@ pub fn write_outputs(
     })
 }
 
+/// Where an operator of a comparison was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Presence {
+    /// In both profiles.
+    Both,
+    /// Only in B (new).
+    New,
+    /// Only in A (gone).
+    Gone,
+}
+
 /// One row of a comparison of two tables.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DiffRow {
     /// Span or module name.
     pub name: String,
+    /// Whether it is in both profiles, new in B or gone from B.
+    pub presence: Presence,
     /// Calls per step in A and B.
     pub calls: (f64, f64),
     /// Total µs per step in A and B.
     pub total_per_step_us: (f64, f64),
     /// Mean µs per call in A and B.
     pub avg_us: (f64, f64),
-    /// B's per-step total over A's (∞ when absent in A).
+    /// B's per-step total over A's: ∞ (JSON `null`) when new, 0 when gone; see `presence`.
     pub ratio: f64,
     /// B − A, µs per step.
     pub delta_us: f64,
@@ -627,8 +755,14 @@ pub fn diff(a: &KeyAverages, b: &KeyAverages) -> Vec<DiffRow> {
         .map(|n| {
             let (ca, ta) = pa.get(n).copied().unwrap_or((0.0, 0.0));
             let (cb, tb) = pb.get(n).copied().unwrap_or((0.0, 0.0));
+            let presence = match (pa.contains_key(n), pb.contains_key(n)) {
+                (true, true) => Presence::Both,
+                (false, _) => Presence::New,
+                (true, false) => Presence::Gone,
+            };
             DiffRow {
                 name: n.clone(),
+                presence,
                 calls: (ca, cb),
                 total_per_step_us: (ta, tb),
                 avg_us: (ta / ca.max(1e-12), tb / cb.max(1e-12)),
@@ -639,6 +773,31 @@ pub fn diff(a: &KeyAverages, b: &KeyAverages) -> Vec<DiffRow> {
         .collect();
     rows.sort_by(|x, y| y.delta_us.total_cmp(&x.delta_us));
     rows
+}
+
+/// What kind of work a table profiles, from its step span: `training` (`train_step`),
+/// `inference` (`infer_step`), else the step name itself.
+pub fn profile_kind(t: &KeyAverages) -> &str {
+    match t.step_name.as_str() {
+        "train_step" => "training",
+        "infer_step" => "inference",
+        other => other,
+    }
+}
+
+/// A warning when two tables profile different kinds of work (a training step against an
+/// inference step): their operators are not comparable one to one.
+pub fn kind_mismatch(a: &KeyAverages, b: &KeyAverages) -> Option<String> {
+    (a.step_name != b.step_name).then(|| {
+        format!(
+            "comparing a {} profile (A, steps of `{}`) with a {} profile (B, steps of `{}`): \
+             per-step times and operators are not comparable one to one",
+            profile_kind(a),
+            a.step_name,
+            profile_kind(b),
+            b.step_name
+        )
+    })
 }
 
 /// The diff as text.
@@ -665,10 +824,11 @@ pub fn diff_table(rows: &[DiffRow]) -> String {
             r.total_per_step_us.1,
             r.avg_us.0,
             r.avg_us.1,
-            if r.ratio.is_finite() {
-                format!("{:.2}×", r.ratio)
-            } else {
-                "new".into()
+            match r.presence {
+                Presence::New => "new".into(),
+                Presence::Gone => "gone".into(),
+                Presence::Both if r.ratio.is_finite() => format!("{:.2}×", r.ratio),
+                Presence::Both => "∞".into(),
             },
             r.delta_us
         ));
@@ -783,19 +943,82 @@ mod tests {
         assert_eq!(d[0].ratio, 2.0);
         assert_eq!(d[1].name, "new");
         assert!(d[1].ratio.is_infinite());
-        assert_eq!(d.last().unwrap().name, "gone");
-        assert!(diff_table(&d).contains("new"));
+        assert_eq!(d[1].presence, Presence::New);
+        assert_eq!(d[0].presence, Presence::Both);
+        let gone = d.last().unwrap();
+        assert_eq!(
+            (gone.name.as_str(), gone.presence),
+            ("gone", Presence::Gone)
+        );
+        let table = diff_table(&d);
+        let line = |n: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(n))
+                .unwrap()
+                .to_string()
+        };
+        assert!(line("new").contains(" new "), "{table}");
+        assert!(line("gone").contains(" gone "), "{table}");
+        assert!(!table.contains("0.00×"), "{table}");
+        assert!(line("matmul").contains("2.00×"), "{table}");
+        let json = serde_json::to_value(gone).unwrap();
+        assert_eq!(json["presence"], "gone");
+        // Same kind: no warning; a training step against an inference step: a warning.
+        assert_eq!(kind_mismatch(&a, &b), None);
+        let mut t = a.clone();
+        t.step_name = "train_step".into();
+        let w = kind_mismatch(&t, &b).unwrap();
+        assert!(w.contains("training") && w.contains("inference"), "{w}");
     }
 
     #[test]
-    fn chrome_trace_has_complete_events() {
+    fn chrome_trace_names_threads_and_draws_memory_as_counters() {
         let mut e = ev("RegressionNet/backbone/0", 1.0, 2.0);
         e.cat = "module".into();
         e.args.insert("shape".into(), "[128, 20]".into());
-        let v = chrome_trace(&[e]);
-        let t = &v["traceEvents"][0];
-        assert_eq!(t["ph"], "X");
-        assert_eq!(t["name"], "RegressionNet/backbone/0");
-        assert_eq!(t["args"]["shape"], "[128, 20]");
+        let mut w = ev("load_batch", 0.5, 1.0);
+        w.tid = 2;
+        let rec = Recording {
+            events: vec![e, w],
+            counters: vec![CounterSample {
+                ts_us: 1.0,
+                rss_mb: Some(12.5),
+                gpu_mem_mb: Some(300.0),
+            }],
+            threads: BTreeMap::from([(1, "main".into()), (2, "kiln-loader-0".into())]),
+        };
+        let v = chrome_trace(&rec, "kiln (train_step)");
+        let ev = v["traceEvents"].as_array().unwrap();
+        let of = |ph: &'static str| ev.iter().filter(move |e| e["ph"] == ph);
+        let meta = |name: &str, tid: u64| {
+            of("M")
+                .find(|e| e["name"] == name && e["tid"] == tid)
+                .map(|e| e["args"]["name"].clone())
+        };
+        assert_eq!(meta("process_name", 0).unwrap(), "kiln (train_step)");
+        assert_eq!(meta("thread_name", 1).unwrap(), "main");
+        assert_eq!(meta("thread_name", 2).unwrap(), "kiln-loader-0");
+        let sort = |tid: u64| {
+            of("M")
+                .find(|e| e["name"] == "thread_sort_index" && e["tid"] == tid)
+                .map(|e| e["args"]["sort_index"].as_u64().unwrap())
+        };
+        assert!(sort(1).is_some() && sort(2).is_some());
+        let x: Vec<&serde_json::Value> = of("X").collect();
+        assert_eq!(x.len(), 2);
+        assert_eq!(x[0]["name"], "RegressionNet/backbone/0");
+        assert_eq!(x[0]["args"]["shape"], "[128, 20]");
+        let c: Vec<&serde_json::Value> = of("C").collect();
+        assert_eq!(c.len(), 2);
+        assert!(
+            c.iter()
+                .any(|e| e["name"] == "RSS (MiB)" && e["args"]["MiB"] == 12.5)
+        );
+        assert!(
+            c.iter()
+                .any(|e| e["name"] == "GPU memory (MiB)" && e["args"]["MiB"] == 300.0)
+        );
+        assert!(x.iter().all(|e| e["args"].get("rss_delta_kb").is_none()));
     }
 }

@@ -85,6 +85,10 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (run_id, stage, epoch)
     );
     CREATE INDEX runs_started ON runs(started_at);",
+    // v2: the epoch's time split (rows written before v2 read back as NaN, shown as null).
+    "ALTER TABLE epochs ADD COLUMN data_wait_s REAL;
+    ALTER TABLE epochs ADD COLUMN compute_s REAL;
+    ALTER TABLE epochs ADD COLUMN validation_s REAL;",
 ];
 
 /// A run as stored.
@@ -208,6 +212,11 @@ fn uri_path(path: &Path) -> String {
         }
     }
     out
+}
+
+/// A time column: NaN for rows recorded before the column existed (JSON `null`).
+fn seconds(v: Option<f64>) -> f64 {
+    v.unwrap_or(f64::NAN)
 }
 
 fn json_col(v: Option<String>) -> Option<serde_json::Value> {
@@ -400,8 +409,9 @@ impl Registry {
         self.conn
             .execute(
                 "INSERT OR REPLACE INTO epochs (run_id, stage, stage_name, epoch, steps, train_loss,
-                     val_loss, lr, grad_norm_mean, grad_norm_max, clipped_frac, samples_per_s, data_wait_frac)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                     val_loss, lr, grad_norm_mean, grad_norm_max, clipped_frac, samples_per_s, data_wait_frac,
+                     data_wait_s, compute_s, validation_s)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
                 params![
                     run_id,
                     e.stage as i64,
@@ -416,6 +426,9 @@ impl Registry {
                     e.clipped_frac,
                     e.samples_per_s,
                     e.data_wait_frac,
+                    e.data_wait_s,
+                    e.compute_s,
+                    e.validation_s,
                 ],
             )
             .map_err(self.err())?;
@@ -534,7 +547,8 @@ impl Registry {
             .conn
             .prepare(
                 "SELECT stage, stage_name, epoch, steps, train_loss, val_loss, lr, grad_norm_mean,
-                        grad_norm_max, clipped_frac, samples_per_s, data_wait_frac
+                        grad_norm_max, clipped_frac, samples_per_s, data_wait_frac,
+                        data_wait_s, compute_s, validation_s
                  FROM epochs WHERE run_id = ?1 ORDER BY stage, epoch",
             )
             .map_err(self.err())?;
@@ -553,9 +567,9 @@ impl Registry {
                     clipped_frac: r.get(9)?,
                     samples_per_s: r.get(10)?,
                     data_wait_frac: r.get(11)?,
-                    data_wait_s: 0.0,
-                    compute_s: 0.0,
-                    validation_s: 0.0,
+                    data_wait_s: seconds(r.get(12)?),
+                    compute_s: seconds(r.get(13)?),
+                    validation_s: seconds(r.get(14)?),
                 })
             })
             .map_err(self.err())?
@@ -595,9 +609,9 @@ mod tests {
             clipped_frac: 0.0,
             samples_per_s: 1e5,
             data_wait_frac: 0.1,
-            data_wait_s: 0.0,
-            compute_s: 0.0,
-            validation_s: 0.0,
+            data_wait_s: 0.25 + e as f64,
+            compute_s: 2.25,
+            validation_s: 0.125,
         }
     }
 
@@ -632,7 +646,12 @@ mod tests {
         assert_eq!(r.param_count, Some(3654));
         assert_eq!(r.latency.unwrap()["b1"]["p50_us"], 1.5);
         assert_eq!(r.environment.unwrap()["burn"], "0.21.0");
-        assert_eq!(reg.epochs("r-1").unwrap().len(), 2);
+        let epochs = reg.epochs("r-1").unwrap();
+        assert_eq!(
+            epochs,
+            vec![epoch(0, 0), epoch(0, 1)],
+            "every field round-trips"
+        );
         assert!(matches!(reg.get("zzz"), Err(RegistryError::NotFound(_))));
         reg.start_run(&new_run("r-2", dir.path())).unwrap();
         assert!(matches!(reg.get("r-"), Err(RegistryError::Ambiguous(..))));
@@ -665,6 +684,39 @@ mod tests {
         std::fs::write(&empty, b"").unwrap();
         let e = Registry::open_read_only(&empty).err().unwrap().to_string();
         assert!(e.contains("schema version 0"), "{e}");
+    }
+
+    #[test]
+    fn a_v1_database_gains_the_epoch_timings() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute(
+                "INSERT INTO runs (id, name, status, host, pid, started_at, run_dir, config_text,
+                     config_sha256) VALUES ('old', 't', 'finished', 'h', 1, 'x', '.', '', '')",
+                [],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO epochs (run_id, stage, stage_name, epoch, steps, train_loss, val_loss,
+                     lr, grad_norm_mean, grad_norm_max, clipped_frac, samples_per_s, data_wait_frac)
+                 VALUES ('old', 0, 'mean', 0, 10, 0.5, 0.4, 0.001, 0.3, 0.9, 0.0, 1e5, 0.1)",
+                [],
+            )
+            .unwrap();
+        }
+        let reg = Registry::open(&path).unwrap();
+        assert_eq!(reg.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        let old = &reg.epochs("old").unwrap()[0];
+        // Not recorded then: NaN (JSON null), never a made-up 0.
+        assert!(old.data_wait_s.is_nan() && old.compute_s.is_nan() && old.validation_s.is_nan());
+        assert!(serde_json::to_value(old).unwrap()["compute_s"].is_null());
+        reg.start_run(&new_run("new", dir.path())).unwrap();
+        reg.log_epoch("new", &epoch(1, 3)).unwrap();
+        assert_eq!(reg.epochs("new").unwrap(), vec![epoch(1, 3)]);
     }
 
     #[test]

@@ -1,9 +1,12 @@
-//! The resource trace: every 0.5 s the process CPU % (and normalised per core), resident
-//! memory and, on CUDA builds, GPU utilisation and memory (NVML), with stage markers.
+//! The resource trace: the process CPU % (and normalised per core), resident memory and, on
+//! CUDA builds, GPU utilisation and memory (NVML), with stage markers.
 //!
-//! A background thread samples `/proc/self/stat` and `/proc/self/statm` (a few µs per
-//! sample), so the monitor is always on during `kiln train`.
+//! A background thread samples `getrusage` and `/proc/self/statm` (a few µs per sample), so
+//! the monitor is always on during `kiln train`: every [`FAST_INTERVAL`] for the first
+//! [`FAST_PERIOD`] (a run of one second still gets a chart of 20 points), then at the
+//! monitor's interval (0.5 s in training).
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex};
@@ -23,8 +26,22 @@ pub fn rss_kb() -> Option<i64> {
     Some(pages * page.max(1) as i64 / 1024)
 }
 
-/// CPU time (user + system) consumed by this process, seconds.
+/// Sampling interval at the start of a trace.
+pub const FAST_INTERVAL: Duration = Duration::from_millis(50);
+/// How long the monitor samples at [`FAST_INTERVAL`] before slowing to its own interval.
+pub const FAST_PERIOD: Duration = Duration::from_secs(2);
+/// Fewest samples a chart needs to say anything; with fewer the figure says so instead.
+pub const MIN_CHART_SAMPLES: usize = 5;
+
+/// CPU time (user + system) consumed by this process, seconds: `getrusage` (microsecond
+/// resolution, so 50 ms intervals read true), else `/proc/self/stat` (clock ticks).
 pub fn cpu_seconds() -> Option<f64> {
+    // SAFETY: `getrusage` writes into the zeroed struct it is given; no other precondition.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
+        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        return Some(tv(ru.ru_utime) + tv(ru.ru_stime));
+    }
     let s = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the command name (which is in parentheses and may contain spaces).
     let rest = &s[s.rfind(')')? + 2..];
@@ -163,6 +180,24 @@ fn gpu_probe() -> Box<dyn GpuProbe> {
     Box::new(NoGpu)
 }
 
+/// GPU memory in use on device 0, MiB: CUDA builds with NVML; `None` elsewhere. The probe
+/// is opened once per calling thread.
+pub fn gpu_memory_mb() -> Option<f64> {
+    thread_local! {
+        static PROBE: RefCell<Option<Box<dyn GpuProbe>>> = const { RefCell::new(None) };
+    }
+    PROBE.with(|p| p.borrow_mut().get_or_insert_with(gpu_probe).read().1)
+}
+
+/// How long the sampler waits before its next sample, `elapsed` after the monitor started.
+fn next_wait(elapsed: Duration, interval: Duration) -> Duration {
+    if elapsed < FAST_PERIOD {
+        interval.min(FAST_INTERVAL)
+    } else {
+        interval
+    }
+}
+
 /// A running monitor.
 pub struct Monitor {
     shared: Arc<Mutex<Shared>>,
@@ -172,7 +207,8 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    /// Start sampling every `interval`.
+    /// Start sampling: every [`FAST_INTERVAL`] (or `interval`, if shorter) for the first
+    /// [`FAST_PERIOD`], then every `interval`.
     pub fn start(interval: Duration) -> Self {
         let shared = Arc::new(Mutex::new(Shared {
             trace: Trace::default(),
@@ -191,6 +227,11 @@ impl Monitor {
             handle: Some(handle),
             start,
         }
+    }
+
+    /// Samples taken so far.
+    pub fn sample_count(&self) -> usize {
+        self.shared.lock().map_or(0, |s| s.trace.samples.len())
     }
 
     /// Mark the start of a stage.
@@ -235,7 +276,7 @@ fn sample_loop(shared: Arc<Mutex<Shared>>, stop: Receiver<()>, interval: Duratio
     let mut last_t = Instant::now();
     let mut last_cpu = cpu_seconds().unwrap_or(0.0);
     loop {
-        let finished = match stop.recv_timeout(interval) {
+        let finished = match stop.recv_timeout(next_wait(start.elapsed(), interval)) {
             Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
             Err(RecvTimeoutError::Timeout) => false,
         };
@@ -319,13 +360,23 @@ pub fn figure(trace: &Trace) -> super::plot::Figure {
         cpu = cpu.vline(v.x, v.label.clone());
     }
     let median = trace.median_cpu_per_core().unwrap_or(0.0);
-    Figure {
-        title: format!(
-            "Resource trace: peak RSS {:.0} MiB, median CPU {:.0}% of {} cores",
+    let n = trace.samples.len();
+    let title = if n < MIN_CHART_SAMPLES {
+        // Too few points to chart: say so rather than quote a "peak" and a "median" of one.
+        format!(
+            "Resource trace: too few samples to chart ({n} < {MIN_CHART_SAMPLES}; the run lasted {:.2} s)",
+            trace.samples.last().map_or(0.0, |s| s.t_s)
+        )
+    } else {
+        format!(
+            "Resource trace: peak RSS {:.0} MiB, median CPU {:.0}% of {} cores ({n} samples)",
             trace.peak_rss_mb(),
             median,
             cores()
-        ),
+        )
+    };
+    Figure {
+        title,
         width: 960,
         height: 640,
         panels: vec![mem, cpu],
@@ -347,6 +398,71 @@ mod tests {
             x = x.wrapping_add(std::hint::black_box(1));
         }
         assert!(cpu_seconds().unwrap() >= t0, "{x}");
+    }
+
+    #[test]
+    fn a_one_second_run_is_sampled_at_least_ten_times() {
+        // The schedule: how many samples fall within the first second at the training interval.
+        let interval = Duration::from_millis(500);
+        let (mut t, mut n) = (Duration::ZERO, 0);
+        loop {
+            t += next_wait(t, interval);
+            if t > Duration::from_secs(1) {
+                break;
+            }
+            n += 1;
+        }
+        assert!(n >= 10, "{n} samples in the first second");
+        assert_eq!(next_wait(Duration::from_secs(60), interval), interval);
+        // The sampler follows it: the first samples are FAST_INTERVAL apart (never closer;
+        // a loaded machine can only make them later, so this waits instead of timing).
+        let m = Monitor::start(interval);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while m.sample_count() < 10 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let t = m.stop();
+        assert!(t.samples.len() >= 10, "{}", t.samples.len());
+        // All but the last sample, which `stop` takes at once.
+        let scheduled = &t.samples[..t.samples.len() - 1];
+        let early: Vec<&Sample> = scheduled.iter().filter(|s| s.t_s < 1.9).collect();
+        for w in early.windows(2) {
+            let gap = w[1].t_s - w[0].t_s;
+            assert!(gap >= 0.045, "gap {gap} s");
+        }
+    }
+
+    #[cfg(feature = "plots")]
+    #[test]
+    fn a_chart_with_too_few_samples_says_so() {
+        let sample = |t_s: f64| Sample {
+            t_s,
+            cpu_pct: 50.0,
+            cpu_pct_per_core: 25.0,
+            rss_mb: 100.0,
+            gpu_util_pct: None,
+            gpu_mem_mb: None,
+            stage: "mean".into(),
+        };
+        let short = Trace {
+            samples: vec![sample(0.4)],
+            markers: Vec::new(),
+        };
+        let title = figure(&short).title;
+        assert!(title.contains("too few samples"), "{title}");
+        assert!(
+            !title.contains("peak") && !title.contains("median"),
+            "{title}"
+        );
+        let long = Trace {
+            samples: (0..12).map(|i| sample(i as f64 * 0.05)).collect(),
+            markers: Vec::new(),
+        };
+        let title = figure(&long).title;
+        assert!(
+            title.contains("peak RSS 100 MiB") && title.contains("12 samples"),
+            "{title}"
+        );
     }
 
     #[test]

@@ -458,3 +458,48 @@ fn save_writes_both_files_atomically() {
         }
     }
 }
+
+#[test]
+fn a_log_y_axis_has_decade_ticks_and_maps_points_in_log_space() {
+    let pts = vec![(1.0, 10.0), (2.0, 100.0), (3.0, 10_000.0), (4.0, -5.0)];
+    let panel = Panel::new("", "x", "latency").log_y(true).series(
+        Series::scatter("runs", Color::BLUE, pts)
+            .tips(vec![
+                "a <1>".into(),
+                String::new(),
+                "c & d".into(),
+                "gone".into(),
+            ])
+            .labels(vec![String::new(), String::new(), "slow".into()]),
+    );
+    let fig = Figure::new("log y", 600, 400).panel(panel);
+    let (layout, _) = fig.layout(&Metrics::new(fig.size()), 30.0);
+    let labels: Vec<&str> = layout[0].y_ticks.iter().map(|t| t.1.as_str()).collect();
+    assert_eq!(labels, ["10", "100", "1k", "10k"]);
+    let (_, placed) = fig.pixels().unwrap();
+    // Equal ratios are equal pixel distances (y grows downwards in pixels).
+    let y = |v: f64| placed[0].pixel((1.0, v)).1;
+    assert!((y(10.0) - y(100.0) - (y(100.0) - y(1000.0))).abs() < 1e-6);
+    assert!(y(10.0) > y(10_000.0));
+    // The point at y ≤ 0 is skipped; the others are drawn, two with hover text, one labelled.
+    let svg = fig.to_svg();
+    check_xml(&svg).unwrap();
+    assert_eq!(svg.matches("<circle").count(), 3);
+    assert_eq!(svg.matches("<title>").count(), 2);
+    assert!(svg.contains("<title>a &lt;1&gt;</title></circle>"));
+    assert!(svg.contains("<title>c &amp; d</title></circle>"));
+    assert!(!svg.contains("gone"));
+    assert!(svg.contains(">\nslow\n</text>"));
+}
+
+#[test]
+fn titles_are_left_out_when_circles_and_points_do_not_pair_up() {
+    let svg = "<svg><circle r=\"1\"/>\n<circle r=\"2\"/>\n</svg>";
+    let one = [Some("a".to_string())];
+    assert_eq!(with_titles(svg, &one), svg, "two circles, one point");
+    let two = [None, Some("b".to_string())];
+    assert_eq!(
+        with_titles(svg, &two),
+        "<svg><circle r=\"1\"/>\n<circle r=\"2\"><title>b</title></circle>\n</svg>"
+    );
+}

@@ -14,6 +14,12 @@ use crate::infer::build_engine;
 use crate::predict::{Prediction, Predictor};
 use crate::serve::protocol::{Datatype, InputTensor, OutputData, OutputTensor, ProtocolError};
 
+/// How `mean` and `std` relate to the network's outputs (the `convention` parameter of both
+/// outputs in the model metadata; the README's *Output convention*).
+pub const OUTPUT_CONVENTION: &str = "original units: mean = mean_norm * target_std + target_mean; \
+std = exp(0.5 * logvar) * target_std, where the network predicts mean_norm and logvar for \
+targets normalised as (y - target_mean) / target_std with the training split's statistics";
+
 impl ModelSpec {
     /// The regression model of a checkpoint.
     pub fn regression(ckpt: Arc<Checkpoint>) -> Self {
@@ -30,6 +36,10 @@ impl ModelSpec {
         mean.parameters
             .insert("target_names".into(), targets.clone());
         std.parameters.insert("target_names".into(), targets);
+        for out in [&mut mean, &mut std] {
+            let c = Value::String(OUTPUT_CONVENTION.into());
+            out.parameters.insert("convention".into(), c);
+        }
         Self {
             kind: ModelKind::Regression(ckpt),
             inputs: vec![input],
