@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::BenchError;
 use crate::artifact::HostWeights;
-use crate::infer::{Engine, HeadOutput, build_engine};
+use crate::infer::{Engine, FusedEngine, HeadOutput, Int8Engine, Isa, build_engine};
 use crate::rng::SplitMix64;
 use crate::util::percentile;
 
@@ -232,7 +232,7 @@ pub fn run_infer(
     let peak = peak_gflops();
     let mut built: Vec<Box<dyn Engine>> = engines
         .iter()
-        .map(|name| build_engine(name, weights, opts.threads))
+        .map(|name| build_forced(name, weights, opts.threads))
         .collect::<Result<_, _>>()?;
     for e in built.iter_mut() {
         e.warm_up(&opts.batches)?;
@@ -282,7 +282,8 @@ pub fn run_infer(
         let mut row: Vec<InferResult> = built
             .iter()
             .zip(samples[bi].iter_mut())
-            .map(|(e, s)| summarise(&e.name(), batch, e.threads(), flop, peak, s))
+            .zip(engines)
+            .map(|((e, s), name)| summarise(name, batch, e.threads(), flop, peak, s))
             .collect();
         if let Some(burn) = row.iter().find(|r| r.engine == "burn").map(|r| r.p50_us) {
             for r in row.iter_mut() {
@@ -292,6 +293,67 @@ pub fn run_infer(
         results.extend(row);
     }
     Ok(results)
+}
+
+/// Build engine `name`, or `fused@ISA` / `int8@ISA` (`avx512`, `avx2`, `portable`; `int8@avx512`
+/// needs AVX-512 VNNI): an engine forced onto one instruction-set path, to compare the paths
+/// of one CPU in the same run.
+fn build_forced(
+    name: &str,
+    weights: &HostWeights,
+    threads: usize,
+) -> Result<Box<dyn Engine>, BenchError> {
+    let Some((base, isa)) = name.split_once('@') else {
+        return Ok(build_engine(name, weights, threads)?);
+    };
+    let isa = [Isa::Avx512, Isa::Avx2, Isa::Portable]
+        .into_iter()
+        .find(|i| i.name() == isa)
+        .ok_or_else(|| {
+            BenchError::Invalid(format!(
+                "engine `{name}`: unknown instruction set `{isa}` (expected avx512, avx2 or portable)"
+            ))
+        })?;
+    match base {
+        "fused" => Ok(Box::new(FusedEngine::with_isa(weights, threads, isa)?)),
+        "int8" => Ok(Box::new(Int8Engine::with_isa(weights, threads, isa)?)),
+        _ => Err(BenchError::Invalid(format!(
+            "engine `{name}`: only fused and int8 take an @instruction-set suffix"
+        ))),
+    }
+}
+
+/// One line saying where `int8` was slower than `fused` in `results` (same batch, same
+/// `@ISA` suffix, both measured in this run), or `None` when it never was or the pair did
+/// not run — so a user is told to prefer `fused` there instead of silently running the
+/// slower engine.
+pub fn int8_notice(results: &[InferResult]) -> Option<String> {
+    let mut slow = Vec::new();
+    for r in results {
+        let Some(suffix) = r.engine.strip_prefix("int8") else {
+            continue;
+        };
+        let fused = format!("fused{suffix}");
+        if let Some(f) = results
+            .iter()
+            .find(|f| f.engine == fused && f.batch == r.batch)
+            .filter(|f| r.rows_per_s < f.rows_per_s)
+        {
+            slow.push(format!(
+                "{} at batch {} ({:.2}× {}'s rows/s)",
+                r.engine,
+                r.batch,
+                r.rows_per_s / f.rows_per_s,
+                f.engine
+            ));
+        }
+    }
+    (!slow.is_empty()).then(|| {
+        format!(
+            "note: int8 is slower than fused on this CPU for {}: use fused there",
+            slow.join(", ")
+        )
+    })
 }
 
 /// A human-readable table of results.
