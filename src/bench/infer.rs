@@ -400,3 +400,49 @@ pub fn peak_gflops() -> f64 {
         best
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(engine: &str, batch: usize, rows_per_s: f64) -> InferResult {
+        let mut s = Samples {
+            us: vec![batch as f64 / rows_per_s * 1e6],
+            calls_per_sample: 1,
+        };
+        summarise(engine, batch, 1, 7104, 100.0, &mut s)
+    }
+
+    #[test]
+    fn the_int8_notice_names_exactly_the_batches_where_int8_lost_to_fused() {
+        let r = vec![
+            result("fused", 1, 6e6),
+            result("int8", 1, 2e6),
+            result("fused", 32, 14e6),
+            result("int8", 32, 16e6),
+            result("fused@avx2", 1, 6e6),
+            result("int8@avx2", 1, 7e6),
+        ];
+        let note = int8_notice(&r).unwrap();
+        assert_eq!(note.lines().count(), 1, "{note}");
+        assert!(note.contains("int8 at batch 1 (0.33×"), "{note}");
+        assert!(
+            !note.contains("batch 32") && !note.contains("int8@avx2"),
+            "{note}"
+        );
+        // int8 faster everywhere, or no fused to compare with: silence.
+        assert_eq!(int8_notice(&r[2..]), None);
+        assert_eq!(int8_notice(&[result("int8", 1, 1.0)]), None);
+    }
+
+    #[test]
+    fn a_forced_path_is_named_and_an_unknown_one_is_refused() {
+        let w = crate::infer::reference_weights(1);
+        let e = build_forced("fused@portable", &w, 1).unwrap();
+        assert_eq!(e.name(), "fused");
+        for bad in ["int8@sse9", "burn@avx2"] {
+            let err = build_forced(bad, &w, 1).err().unwrap().to_string();
+            assert!(err.contains(bad), "{err}");
+        }
+    }
+}

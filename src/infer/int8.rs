@@ -20,9 +20,23 @@
 //! i32 lane holding four consecutive int8 activations of one row, a tile of 6 outputs × 4 row
 //! vectors in 24 accumulators, the four int8 weights of an output broadcast from L1. The row
 //! maxima are vertical (lane-wise) maxima, and packing four quantised outputs into one lane
-//! is three shifts and ORs, so requantisation between layers costs no shuffles. Without
-//! VNNI a portable kernel with the same arithmetic runs (compiled for AVX2 when present); it
-//! is correct but not faster than `fused`, which is then the better engine.
+//! is three shifts and ORs, so requantisation between layers costs no shuffles.
+//!
+//! With AVX2 only, the same layout runs on 8-lane vectors with `vpmaddubsw` (32 u8×i8
+//! products summed in pairs into 16 **i16** lanes) + `vpmaddwd` by ones (→ 8 i32) +
+//! `vpaddd`. `vpmaddubsw` saturates its i16 pair sums: with the VNNI scheme's 8-bit
+//! activations (up to 255) a pair reaches 2·255·127 = 64,770 > 32,767. The AVX2 kernel
+//! therefore quantises every activation **symmetrically to [−127, 127] (step `a_r = m/127`,
+//! no zero point)**: post-ReLU inputs land in [0, 127] and go straight in as the unsigned
+//! operand; signed inputs move their sign onto the weight (`vpsignb w, x`; `vpabsb x` is
+//! the unsigned operand), so every product is `|x|·(±w)` with `|x|, |w| ≤ 127` and every
+//! pair sum is at most 2·127·127 = 32,258 — no saturation, the i32 results are exact. We
+//! chose this over 7-bit activations with a zero point (`[1, 127]` around 64) because that
+//! halves the signed resolution to `m/63` and breaks the documented bound (measured ×1.3
+//! on a linear GELU network); the cost is one `vpsignb` per product vector on signed
+//! layers. Post-ReLU layers get step `m/127` instead of VNNI's `m/255`, i.e. the precision
+//! the VNNI path already has on signed layers. The portable kernel (8-bit, the VNNI
+//! arithmetic, row by row) runs elsewhere; it is correct but far slower than `fused`.
 //!
 //! ## Error bound
 //! Each product's error is bounded by the two rounding steps: `|Δx| ≤ a_r/2` and
@@ -262,7 +276,7 @@ unsafe fn store_block<S: F32x>(
 
 // ---------------------------------------------------------------------------------------
 // Portable kernels: row by row, outputs in the inner loop (i32 arrays the compiler
-// vectorises; compiled for AVX2 when the CPU has it). Same arithmetic as the VNNI path.
+// vectorises for the baseline target). Same arithmetic as the VNNI path.
 // ---------------------------------------------------------------------------------------
 
 /// Quantise one row `h` (`k` values) into `q` with row maximum `m`; returns the row scale.
@@ -376,11 +390,10 @@ mod avx2 {
     const _: () = assert!(2 * 127 * 127 <= i16::MAX as i32);
 
     /// Quantise `sc.f` rows `0..4·kq` of `rv` row vectors (maxima in `sc.m`) with step
-    /// `m/127` and no zero point: `[0, 127]` when `unsigned`, else `[−127, 127]`; four
+    /// `m/127` and no zero point: `[−127, 127]` (`[0, 127]` for post-ReLU inputs); four
     /// bytes per i32 lane.
     #[inline(always)]
-    unsafe fn quantize(kq: usize, unsigned: bool, rv: usize, sc: &mut QScratch) {
-        let _ = unsigned; // the same formula: a non-negative input simply stays ≥ 0
+    unsafe fn quantize(kq: usize, rv: usize, sc: &mut QScratch) {
         unsafe {
             let rs = MAX_BLOCK;
             let cv = _mm256_set1_ps(127.0);
@@ -442,7 +455,10 @@ mod avx2 {
             }
             let relu = l.act == Act::Relu;
             let mut c = 0;
-            while c < l.nt {
+            // Tiles up to `n` only (not `nt`): rows `n..` of the output may keep stale
+            // values, which the next layer multiplies by its zero padding weights (exact,
+            // whatever byte they quantise to: |q| ≤ 255 × 0) and the head never reads.
+            while c < l.n {
                 let mut acc = [[_mm256_setzero_si256(); RV]; NBT];
                 let mut wp = l.wq.as_ptr().add(c);
                 let mut xp = qin;
@@ -519,7 +535,7 @@ mod avx2 {
             unsafe { super::load_block(t, p, x.as_ptr().add(r * nf), n, sc) };
             for l in &p.layers {
                 unsafe {
-                    quantize(l.kq, l.unsigned_in, rv, sc);
+                    quantize(l.kq, rv, sc);
                     let mut v = 0;
                     if l.unsigned_in {
                         while v + 2 <= rv {
@@ -810,8 +826,8 @@ pub struct Int8Engine {
 }
 
 impl Int8Engine {
-    /// Quantise `weights` for the best integer path of this CPU (AVX-512 VNNI, else the
-    /// portable kernel); batches of at least 2,048 rows run on `threads` threads.
+    /// Quantise `weights` for the best integer path of this CPU (AVX-512 VNNI, else AVX2,
+    /// else the portable kernel); batches of at least 2,048 rows run on `threads` threads.
     pub fn new(weights: &HostWeights, threads: usize) -> Result<Self, InferError> {
         let isa = [Isa::Avx512, Isa::Avx2]
             .into_iter()
@@ -820,8 +836,8 @@ impl Int8Engine {
         Self::with_isa(weights, threads, isa)
     }
 
-    /// With an explicit path: `Avx512` (needs AVX-512 VNNI), `Avx2` (the portable kernel
-    /// compiled for AVX2) or `Portable`.
+    /// With an explicit path: `Avx512` (needs AVX-512 VNNI), `Avx2` (`vpmaddubsw`, needs
+    /// AVX2 + FMA) or `Portable`.
     pub fn with_isa(weights: &HostWeights, threads: usize, isa: Isa) -> Result<Self, InferError> {
         let Some(kernel) = QKernel::new(isa) else {
             return Err(InferError::Unavailable {
