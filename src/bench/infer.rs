@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::BenchError;
 use crate::artifact::HostWeights;
-use crate::infer::{Engine, HeadOutput, build_engine};
+use crate::infer::{Engine, FusedEngine, HeadOutput, Int8Engine, Isa, build_engine};
 use crate::rng::SplitMix64;
 use crate::util::percentile;
 
@@ -232,7 +232,7 @@ pub fn run_infer(
     let peak = peak_gflops();
     let mut built: Vec<Box<dyn Engine>> = engines
         .iter()
-        .map(|name| build_engine(name, weights, opts.threads))
+        .map(|name| build_forced(name, weights, opts.threads))
         .collect::<Result<_, _>>()?;
     for e in built.iter_mut() {
         e.warm_up(&opts.batches)?;
@@ -282,7 +282,8 @@ pub fn run_infer(
         let mut row: Vec<InferResult> = built
             .iter()
             .zip(samples[bi].iter_mut())
-            .map(|(e, s)| summarise(&e.name(), batch, e.threads(), flop, peak, s))
+            .zip(engines)
+            .map(|((e, s), name)| summarise(name, batch, e.threads(), flop, peak, s))
             .collect();
         if let Some(burn) = row.iter().find(|r| r.engine == "burn").map(|r| r.p50_us) {
             for r in row.iter_mut() {
@@ -292,6 +293,67 @@ pub fn run_infer(
         results.extend(row);
     }
     Ok(results)
+}
+
+/// Build engine `name`, or `fused@ISA` / `int8@ISA` (`avx512`, `avx2`, `portable`; `int8@avx512`
+/// needs AVX-512 VNNI): an engine forced onto one instruction-set path, to compare the paths
+/// of one CPU in the same run.
+fn build_forced(
+    name: &str,
+    weights: &HostWeights,
+    threads: usize,
+) -> Result<Box<dyn Engine>, BenchError> {
+    let Some((base, isa)) = name.split_once('@') else {
+        return Ok(build_engine(name, weights, threads)?);
+    };
+    let isa = [Isa::Avx512, Isa::Avx2, Isa::Portable]
+        .into_iter()
+        .find(|i| i.name() == isa)
+        .ok_or_else(|| {
+            BenchError::Invalid(format!(
+                "engine `{name}`: unknown instruction set `{isa}` (expected avx512, avx2 or portable)"
+            ))
+        })?;
+    match base {
+        "fused" => Ok(Box::new(FusedEngine::with_isa(weights, threads, isa)?)),
+        "int8" => Ok(Box::new(Int8Engine::with_isa(weights, threads, isa)?)),
+        _ => Err(BenchError::Invalid(format!(
+            "engine `{name}`: only fused and int8 take an @instruction-set suffix"
+        ))),
+    }
+}
+
+/// One line saying where `int8` was slower than `fused` in `results` (same batch, same
+/// `@ISA` suffix, both measured in this run), or `None` when it never was or the pair did
+/// not run — so a user is told to prefer `fused` there instead of silently running the
+/// slower engine.
+pub fn int8_notice(results: &[InferResult]) -> Option<String> {
+    let mut slow = Vec::new();
+    for r in results {
+        let Some(suffix) = r.engine.strip_prefix("int8") else {
+            continue;
+        };
+        let fused = format!("fused{suffix}");
+        if let Some(f) = results
+            .iter()
+            .find(|f| f.engine == fused && f.batch == r.batch)
+            .filter(|f| r.rows_per_s < f.rows_per_s)
+        {
+            slow.push(format!(
+                "{} at batch {} ({:.2}× {}'s rows/s)",
+                r.engine,
+                r.batch,
+                r.rows_per_s / f.rows_per_s,
+                f.engine
+            ));
+        }
+    }
+    (!slow.is_empty()).then(|| {
+        format!(
+            "note: int8 is slower than fused on this CPU for {}: use fused there",
+            slow.join(", ")
+        )
+    })
 }
 
 /// A human-readable table of results.
@@ -337,4 +399,50 @@ pub fn peak_gflops() -> f64 {
         }
         best
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(engine: &str, batch: usize, rows_per_s: f64) -> InferResult {
+        let mut s = Samples {
+            us: vec![batch as f64 / rows_per_s * 1e6],
+            calls_per_sample: 1,
+        };
+        summarise(engine, batch, 1, 7104, 100.0, &mut s)
+    }
+
+    #[test]
+    fn the_int8_notice_names_exactly_the_batches_where_int8_lost_to_fused() {
+        let r = vec![
+            result("fused", 1, 6e6),
+            result("int8", 1, 2e6),
+            result("fused", 32, 14e6),
+            result("int8", 32, 16e6),
+            result("fused@avx2", 1, 6e6),
+            result("int8@avx2", 1, 7e6),
+        ];
+        let note = int8_notice(&r).unwrap();
+        assert_eq!(note.lines().count(), 1, "{note}");
+        assert!(note.contains("int8 at batch 1 (0.33×"), "{note}");
+        assert!(
+            !note.contains("batch 32") && !note.contains("int8@avx2"),
+            "{note}"
+        );
+        // int8 faster everywhere, or no fused to compare with: silence.
+        assert_eq!(int8_notice(&r[2..]), None);
+        assert_eq!(int8_notice(&[result("int8", 1, 1.0)]), None);
+    }
+
+    #[test]
+    fn a_forced_path_is_named_and_an_unknown_one_is_refused() {
+        let w = crate::infer::reference_weights(1);
+        let e = build_forced("fused@portable", &w, 1).unwrap();
+        assert_eq!(e.name(), "fused");
+        for bad in ["int8@sse9", "burn@avx2"] {
+            let err = build_forced(bad, &w, 1).err().unwrap().to_string();
+            assert!(err.contains(bad), "{err}");
+        }
+    }
 }

@@ -28,7 +28,8 @@ pub struct BenchInferArgs {
     /// Seed of the reference network's weights.
     #[arg(long, default_value_t = REFERENCE_SEED, requires = "reference")]
     pub seed: u64,
-    /// Engines, comma-separated (default: every CPU engine: burn, burn-ndarray, fused, int8).
+    /// Engines, comma-separated (default: every CPU engine: burn, burn-ndarray, fused, int8);
+    /// `fused@ISA` / `int8@ISA` force one path (avx512, avx2, portable).
     #[arg(long, value_delimiter = ',', value_name = "E[,E2…]")]
     pub engine: Vec<String>,
     /// Rows per call, comma-separated.
@@ -250,6 +251,9 @@ pub fn infer(args: &BenchInferArgs) -> CliResult {
         }
     } else {
         print!("{}", bench::format_table(&results));
+    }
+    if let Some(note) = bench::infer::int8_notice(&results) {
+        eprintln!("{note}");
     }
     Ok(())
 }

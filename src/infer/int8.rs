@@ -20,9 +20,23 @@
 //! i32 lane holding four consecutive int8 activations of one row, a tile of 6 outputs × 4 row
 //! vectors in 24 accumulators, the four int8 weights of an output broadcast from L1. The row
 //! maxima are vertical (lane-wise) maxima, and packing four quantised outputs into one lane
-//! is three shifts and ORs, so requantisation between layers costs no shuffles. Without
-//! VNNI a portable kernel with the same arithmetic runs (compiled for AVX2 when present); it
-//! is correct but not faster than `fused`, which is then the better engine.
+//! is three shifts and ORs, so requantisation between layers costs no shuffles.
+//!
+//! With AVX2 only, the same layout runs on 8-lane vectors with `vpmaddubsw` (32 u8×i8
+//! products summed in pairs into 16 **i16** lanes) + `vpmaddwd` by ones (→ 8 i32) +
+//! `vpaddd`. `vpmaddubsw` saturates its i16 pair sums: with the VNNI scheme's 8-bit
+//! activations (up to 255) a pair reaches 2·255·127 = 64,770 > 32,767. The AVX2 kernel
+//! therefore quantises every activation **symmetrically to [−127, 127] (step `a_r = m/127`,
+//! no zero point)**: post-ReLU inputs land in [0, 127] and go straight in as the unsigned
+//! operand; signed inputs move their sign onto the weight (`vpsignb w, x`; `vpabsb x` is
+//! the unsigned operand), so every product is `|x|·(±w)` with `|x|, |w| ≤ 127` and every
+//! pair sum is at most 2·127·127 = 32,258 — no saturation, the i32 results are exact. We
+//! chose this over 7-bit activations with a zero point (`[1, 127]` around 64) because that
+//! halves the signed resolution to `m/63` and breaks the documented bound (measured ×1.3
+//! on a linear GELU network); the cost is one `vpsignb` per product vector on signed
+//! layers. Post-ReLU layers get step `m/127` instead of VNNI's `m/255`, i.e. the precision
+//! the VNNI path already has on signed layers. The portable kernel (8-bit, the VNNI
+//! arithmetic, row by row) runs elsewhere; it is correct but far slower than `fused`.
 //!
 //! ## Error bound
 //! Each product's error is bounded by the two rounding steps: `|Δx| ≤ a_r/2` and
@@ -69,7 +83,7 @@ struct QLayer {
     wq: Vec<i32>,
     /// `[k][nt]` int8 weights, row-major (the portable layout).
     w8: Vec<i8>,
-    /// `−zp · Σ_k q_w[k][n]`, the accumulators' initial value.
+    /// `−zp · Σ_k q_w[k][n]`, the accumulators' initial value (8-bit activations).
     comp: Vec<i32>,
     /// Weight scales `s_w[n]` (0 for padding).
     sw: Vec<f32>,
@@ -262,7 +276,7 @@ unsafe fn store_block<S: F32x>(
 
 // ---------------------------------------------------------------------------------------
 // Portable kernels: row by row, outputs in the inner loop (i32 arrays the compiler
-// vectorises; compiled for AVX2 when the CPU has it). Same arithmetic as the VNNI path.
+// vectorises for the baseline target). Same arithmetic as the VNNI path.
 // ---------------------------------------------------------------------------------------
 
 /// Quantise one row `h` (`k` values) into `q` with row maximum `m`; returns the row scale.
@@ -357,18 +371,204 @@ fn range_portable(
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// AVX2 kernels: `vpmaddubsw` + `vpmaddwd` on 7-bit activations.
+// ---------------------------------------------------------------------------------------
+
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn range_avx2(
-    _: Avx2,
-    p: &QPlan,
-    x: &[f32],
-    rows: usize,
-    sc: &mut QScratch,
-    mean: &mut [f32],
-    lv: &mut [f32],
-) {
-    range_portable(p, x, rows, sc, mean, lv)
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::super::act::Act;
+    use super::super::fused::{MAX_BLOCK, act_in_place};
+    use super::{QLayer, QPlan, QScratch};
+    use crate::simd::{Avx2, F32x};
+
+    const L: usize = 8;
+    const _: () = assert!(super::QPAD.is_multiple_of(4) && super::QPAD.is_multiple_of(6));
+    // No `vpmaddubsw` pair sum can saturate: 2 · 127 · 127 = 32,258 ≤ i16::MAX.
+    const _: () = assert!(2 * 127 * 127 <= i16::MAX as i32);
+
+    /// Quantise `sc.f` rows `0..4·kq` of `rv` row vectors (maxima in `sc.m`) with step
+    /// `m/127` and no zero point: `[−127, 127]` (`[0, 127]` for post-ReLU inputs); four
+    /// bytes per i32 lane.
+    #[inline(always)]
+    unsafe fn quantize(kq: usize, rv: usize, sc: &mut QScratch) {
+        unsafe {
+            let rs = MAX_BLOCK;
+            let cv = _mm256_set1_ps(127.0);
+            let byte = _mm256_set1_epi32(0xff);
+            let f = sc.f.as_ptr();
+            let q = sc.q.as_mut_ptr();
+            for v in 0..rv {
+                let m = _mm256_loadu_ps(sc.m.as_ptr().add(v * L));
+                let pos = _mm256_cmp_ps::<_CMP_GT_OQ>(m, _mm256_setzero_ps());
+                let inv = _mm256_and_ps(pos, _mm256_div_ps(cv, m));
+                _mm256_storeu_ps(sc.a.as_mut_ptr().add(v * L), _mm256_div_ps(m, cv));
+                for g in 0..kq {
+                    let base = f.add(4 * g * rs + v * L);
+                    macro_rules! qb {
+                        ($i:expr) => {
+                            _mm256_cvtps_epi32(_mm256_mul_ps(
+                                _mm256_loadu_ps(base.add($i * rs)),
+                                inv,
+                            ))
+                        };
+                    }
+                    let (q0, q1, q2, q3) = (qb!(0), qb!(1), qb!(2), qb!(3));
+                    let packed = _mm256_or_si256(
+                        _mm256_or_si256(
+                            _mm256_and_si256(q0, byte),
+                            _mm256_slli_epi32::<8>(_mm256_and_si256(q1, byte)),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_slli_epi32::<16>(_mm256_and_si256(q2, byte)),
+                            _mm256_slli_epi32::<24>(q3),
+                        ),
+                    );
+                    _mm256_storeu_si256(q.add(g * rs + v * L) as *mut __m256i, packed);
+                }
+            }
+        }
+    }
+
+    /// One layer for the `RV` row vectors from `v0`, tiles of `NBT` outputs: per packed
+    /// input group, `vpmaddubsw` (|x| × ±w pairs → i16, exact), `vpmaddwd` by ones (→ i32)
+    /// and `vpaddd` into `NBT × RV` accumulators held in the 16 ymm registers. `SIGNED`
+    /// inputs move their sign onto the weight (`vpsignb`) so the unsigned operand is |x|.
+    #[inline(always)]
+    unsafe fn layer<const RV: usize, const NBT: usize, const SIGNED: bool>(
+        s: Avx2,
+        l: &QLayer,
+        sc: &mut QScratch,
+        v0: usize,
+    ) {
+        unsafe {
+            let rs = MAX_BLOCK;
+            let qin = sc.q.as_ptr().add(v0 * L);
+            let fout = sc.f.as_mut_ptr().add(v0 * L);
+            let ones = _mm256_set1_epi16(1);
+            let mut av = [_mm256_setzero_ps(); RV];
+            let mut mx = [_mm256_setzero_ps(); RV];
+            for (v, a) in av.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(sc.a.as_ptr().add((v0 + v) * L));
+            }
+            let relu = l.act == Act::Relu;
+            let mut c = 0;
+            // Tiles up to `n` only (not `nt`): rows `n..` of the output may keep stale
+            // values, which the next layer multiplies by its zero padding weights (exact,
+            // whatever byte they quantise to: |q| ≤ 255 × 0) and the head never reads.
+            while c < l.n {
+                let mut acc = [[_mm256_setzero_si256(); RV]; NBT];
+                let mut wp = l.wq.as_ptr().add(c);
+                let mut xp = qin;
+                for _ in 0..l.kq {
+                    let mut xv = [_mm256_setzero_si256(); RV];
+                    let mut xa = [_mm256_setzero_si256(); RV];
+                    for (v, (x, a)) in xv.iter_mut().zip(xa.iter_mut()).enumerate() {
+                        *x = _mm256_loadu_si256(xp.add(v * L) as *const __m256i);
+                        *a = if SIGNED { _mm256_abs_epi8(*x) } else { *x };
+                    }
+                    for (j, row) in acc.iter_mut().enumerate() {
+                        let w = _mm256_set1_epi32(*wp.add(j));
+                        for (v, a) in row.iter_mut().enumerate() {
+                            let ws = if SIGNED {
+                                _mm256_sign_epi8(w, xv[v])
+                            } else {
+                                w
+                            };
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(xa[v], ws), ones);
+                            *a = _mm256_add_epi32(*a, p);
+                        }
+                    }
+                    wp = wp.add(l.nt);
+                    xp = xp.add(rs);
+                }
+                for (j, row) in acc.iter().enumerate() {
+                    let sw = _mm256_set1_ps(*l.sw.get_unchecked(c + j));
+                    let b = _mm256_set1_ps(*l.b.get_unchecked(c + j));
+                    for (v, a) in row.iter().enumerate() {
+                        let y =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(*a), _mm256_mul_ps(av[v], sw), b);
+                        let out = fout.add((c + j) * rs + v * L);
+                        if relu {
+                            let y = _mm256_max_ps(y, _mm256_setzero_ps());
+                            s.store(out, y);
+                            mx[v] = _mm256_max_ps(mx[v], y);
+                        } else {
+                            s.store(out, y);
+                        }
+                    }
+                }
+                if !relu {
+                    let tile = fout.add(c * rs);
+                    act_in_place(s, l.act, tile, NBT, rs, RV * L);
+                    for (v, m) in mx.iter_mut().enumerate() {
+                        for j in 0..NBT {
+                            *m = _mm256_max_ps(*m, s.abs(s.load(tile.add(j * rs + v * L))));
+                        }
+                    }
+                }
+                c += NBT;
+            }
+            for (v, m) in mx.iter().enumerate() {
+                _mm256_storeu_ps(sc.m.as_mut_ptr().add((v0 + v) * L), *m);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn range(
+        t: Avx2,
+        p: &QPlan,
+        x: &[f32],
+        rows: usize,
+        sc: &mut QScratch,
+        mean: &mut [f32],
+        lv: &mut [f32],
+    ) {
+        let (nf, k) = (p.nf, p.k);
+        let mut r = 0;
+        while r < rows {
+            let n = MAX_BLOCK.min(rows - r);
+            let rv = n.div_ceil(L);
+            unsafe { super::load_block(t, p, x.as_ptr().add(r * nf), n, sc) };
+            for l in &p.layers {
+                unsafe {
+                    quantize(l.kq, rv, sc);
+                    let mut v = 0;
+                    if l.unsigned_in {
+                        while v + 2 <= rv {
+                            layer::<2, 4, false>(t, l, sc, v);
+                            v += 2;
+                        }
+                        if v < rv {
+                            layer::<1, 6, false>(t, l, sc, v);
+                        }
+                    } else {
+                        while v + 2 <= rv {
+                            layer::<2, 4, true>(t, l, sc, v);
+                            v += 2;
+                        }
+                        if v < rv {
+                            layer::<1, 6, true>(t, l, sc, v);
+                        }
+                    }
+                }
+            }
+            unsafe {
+                super::store_block(
+                    t,
+                    p,
+                    n,
+                    sc,
+                    mean.as_mut_ptr().add(r * k),
+                    lv.as_mut_ptr().add(r * k),
+                )
+            };
+            r += n;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -563,7 +763,7 @@ enum QKernel {
     /// AVX-512 VNNI.
     #[cfg(target_arch = "x86_64")]
     Vnni(Avx512Vnni),
-    /// The portable kernel compiled for AVX2 + FMA.
+    /// AVX2 + FMA: `vpmaddubsw`/`vpmaddwd` on 7-bit activations.
     #[cfg(target_arch = "x86_64")]
     Avx2(Avx2),
     /// The portable kernel.
@@ -610,7 +810,7 @@ fn run_range(
         #[cfg(target_arch = "x86_64")]
         QKernel::Vnni(t) => unsafe { vnni::range(t, p, x, rows, sc, mean, lv) },
         #[cfg(target_arch = "x86_64")]
-        QKernel::Avx2(t) => unsafe { range_avx2(t, p, x, rows, sc, mean, lv) },
+        QKernel::Avx2(t) => unsafe { avx2::range(t, p, x, rows, sc, mean, lv) },
         QKernel::Portable => range_portable(p, x, rows, sc, mean, lv),
     }
 }
@@ -626,8 +826,8 @@ pub struct Int8Engine {
 }
 
 impl Int8Engine {
-    /// Quantise `weights` for the best integer path of this CPU (AVX-512 VNNI, else the
-    /// portable kernel); batches of at least 2,048 rows run on `threads` threads.
+    /// Quantise `weights` for the best integer path of this CPU (AVX-512 VNNI, else AVX2,
+    /// else the portable kernel); batches of at least 2,048 rows run on `threads` threads.
     pub fn new(weights: &HostWeights, threads: usize) -> Result<Self, InferError> {
         let isa = [Isa::Avx512, Isa::Avx2]
             .into_iter()
@@ -636,8 +836,8 @@ impl Int8Engine {
         Self::with_isa(weights, threads, isa)
     }
 
-    /// With an explicit path: `Avx512` (needs AVX-512 VNNI), `Avx2` (the portable kernel
-    /// compiled for AVX2) or `Portable`.
+    /// With an explicit path: `Avx512` (needs AVX-512 VNNI), `Avx2` (`vpmaddubsw`, needs
+    /// AVX2 + FMA) or `Portable`.
     pub fn with_isa(weights: &HostWeights, threads: usize, isa: Isa) -> Result<Self, InferError> {
         let Some(kernel) = QKernel::new(isa) else {
             return Err(InferError::Unavailable {
