@@ -1193,6 +1193,11 @@ async fn overload_answers_200_or_503_and_loses_nothing() {
     let mut srv = Server::start(
         repo.path(),
         &[
+            // Triton's fixed-delay policy holds every batch 3 ms, so a queue of 4 overflows
+            // under 48 clients; the idle policy runs lone requests at once on this tiny model
+            // and would rarely queue at all.
+            "--batching",
+            "delay",
             "--max-batch-size",
             "8",
             "--max-queue-size",
