@@ -11,21 +11,20 @@
 //! (`KILN_FAULTS_SEED=N` changes the generator's seed.) Each test prints one
 //! `faults_serve: <fault>: ...` line with the cases tried and the failures.
 
+mod common;
+use common::copy_dir;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln::artifact::{Checkpoint, MANIFEST_FILE, WEIGHTS_FILE};
-use kiln::backend::TrainCpu;
-use kiln::config;
 use kiln::infer::build_engine;
 use kiln::predict::Predictor;
-use kiln::records::RunDir;
 use kiln::serve::client::HttpClient;
-use kiln::train::{ProgressMode, TrainJob, train};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -54,58 +53,14 @@ fn seed() -> u64 {
 // A trained checkpoint and a repository (as in tests/serve.rs).
 // ---------------------------------------------------------------------------------------------
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The export directory of `configs/tiny.yaml`, trained once per test binary.
+/// The tiny model of this binary (trained once).
 fn trained() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kiln-faults-serve");
-        if let Ok(old) = std::fs::read_dir(&base) {
-            for e in old.flatten() {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-        let tmp = base.join(std::process::id().to_string());
-        std::fs::create_dir_all(&tmp).unwrap();
-        let mut text = std::fs::read_to_string(root().join("configs/tiny.yaml")).unwrap();
-        text = text.replace(
-            "  dir: checkpoints",
-            &format!("  dir: {}", tmp.join("out").display()),
-        );
-        let path = tmp.join("tiny.yaml");
-        std::fs::write(&path, &text).unwrap();
-        let loaded = config::load(&path).unwrap();
-        let run = RunDir::create(&loaded.config.export.dir, &loaded.config.name).unwrap();
-        std::fs::write(run.config_file(), &loaded.text).unwrap();
-        let job = TrainJob {
-            hooks: None,
-            config: &loaded,
-            run,
-            resume: false,
-            progress: ProgressMode::Quiet,
-            stop_after_epochs: None,
-        };
-        let trained = train::<TrainCpu>(&job, &Default::default()).expect("training succeeds");
-        trained.outcome.export_dir.clone().unwrap()
-    })
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
+    common::trained("kiln-faults-serve")
 }
 
 /// A repository holding `tiny/1` (the trained model).
 fn repository() -> tempfile::TempDir {
-    let repo = tempfile::tempdir().unwrap();
-    copy_dir(trained(), &repo.path().join("tiny").join("1"));
-    repo
+    common::repository_of(trained())
 }
 
 /// Export a variant of the trained model (biases shifted by `shift`) as `dest`.
