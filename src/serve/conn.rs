@@ -80,7 +80,11 @@ impl Default for ConnectionConfig {
 
 impl ConnectionConfig {
     /// Checks the ranges; the message names the flag.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), super::ServeError> {
+        self.check().map_err(super::ServeError::Config)
+    }
+
+    fn check(&self) -> Result<(), String> {
         if self.header_timeout.is_zero() {
             return Err("--header-timeout-ms must be at least 1".into());
         }
@@ -581,14 +585,16 @@ mod tests {
             ..Default::default()
         }
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--header-timeout-ms"), "{e}");
         let e = ConnectionConfig {
             max_connections: 0,
             ..Default::default()
         }
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--max-connections"), "{e}");
     }
 }

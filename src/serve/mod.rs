@@ -150,7 +150,7 @@ fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
     if cfg.max_body_bytes == 0 {
         return bad("--max-body-bytes must be at least 1".into());
     }
-    cfg.connection.validate().map_err(ServeError::Config)?;
+    cfg.connection.validate()?;
     let engine = cfg.engine.clone().unwrap_or_else(default_engine);
     let names = crate::infer::engine_names();
     if !names.contains(&engine.as_str()) {

@@ -208,7 +208,7 @@ fn answer_batch<B: Backend, W: Write>(
 
 /// Parses one JSON line into a query; the error names the field (and, for a correlation
 /// matrix, the entry).
-pub fn parse_query_line(line: &str) -> Result<MvnQuery, String> {
+fn parse_query_line(line: &str) -> Result<MvnQuery, String> {
     let value: Value = serde_json::from_str(line)
         .map_err(|e| format!("not valid JSON ({e}); expected one query object"))?;
     let obj = value
