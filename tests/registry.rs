@@ -6,6 +6,15 @@ use std::process::{Command, Output};
 
 use kiln::observe::registry::{NewRun, Registry, RunEnd};
 
+/// Held by every test here that trains or measures: the engine drill's latency benchmark must
+/// not share the two cores with another test's training (a 0.1 µs batch-1 latency moves by
+/// 1.5× when it does, which the regression rule would rightly flag).
+static CPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn cpu() -> std::sync::MutexGuard<'static, ()> {
+    CPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -32,6 +41,7 @@ fn tiny_in(dir: &Path) -> PathBuf {
 
 #[test]
 fn concurrent_runs_are_all_registered_with_latency() {
+    let _cpu = cpu();
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tiny_in(tmp.path());
     let reg = tmp.path().join("runs.db");
@@ -230,6 +240,7 @@ fn regressions_exit_non_zero_on_a_planted_band_and_zero_on_a_clean_set() {
 
 #[test]
 fn a_sweep_runs_every_configuration_and_answers_right_sizing() {
+    let _cpu = cpu();
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tiny_in(tmp.path());
     let sweep = tmp.path().join("sweep.yaml");
@@ -277,6 +288,7 @@ fn a_sweep_runs_every_configuration_and_answers_right_sizing() {
 
 #[test]
 fn a_real_engine_split_is_flagged_and_attributed_to_its_cause() {
+    let _cpu = cpu();
     // Five real runs of one size; one serves on the unfused `burn` engine. The registry must
     // flag exactly that one, show the config key that differs, and profile each run on its
     // own engine so the operator table explains the gap. One run at a time: a latency
