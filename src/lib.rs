@@ -9,7 +9,7 @@
 //! | 1 | [`config`], [`backend`] |
 //! | 2 | [`data`], [`model`], [`doctor`] |
 //! | 3 | [`train`], [`artifact`] |
-//! | 4 | [`infer`], [`predict`], [`bench`], [`pick`] |
+//! | 4 | [`infer`], [`predict`], [`bench`], [`pick`], [`export`] |
 //! | 5 | [`run`], [`sweep`], `serve` |
 //! | beside | [`observe`]: imports only leaves and `config`; everyone may call it |
 //!
@@ -26,6 +26,7 @@ pub mod bench;
 pub mod config;
 pub mod data;
 pub mod doctor;
+pub mod export;
 pub mod infer;
 pub mod model;
 pub mod observe;

@@ -89,6 +89,11 @@ enum Command {
         #[command(subcommand)]
         command: CheckpointCommand,
     },
+    /// Export a checkpoint for other runtimes: `kiln export onnx --checkpoint DIR --out model.onnx`.
+    Export {
+        #[command(subcommand)]
+        command: ExportCommand,
+    },
     /// Inspect experiment configs.
     Config {
         #[command(subcommand)]
@@ -225,6 +230,20 @@ enum CheckpointCommand {
 }
 
 #[derive(Subcommand)]
+enum ExportCommand {
+    /// One self-contained ONNX graph (opset 17): `features` [batch, F] in original units in,
+    /// `mean` and `std` [batch, k] in original units out, as `kiln predict` computes them.
+    Onnx {
+        /// An export directory (or a run directory containing export/).
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// The ONNX file to write (atomically).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
 enum DatasetCommand {
     /// Derive the player-season table from the Baseball Databank (byte-for-byte reproducible).
     Baseball {
@@ -306,6 +325,9 @@ fn run(cli: Cli) -> CliResult {
         Command::Checkpoint {
             command: CheckpointCommand::Reseal { dir },
         } => cli::checkpoint::reseal(&dir),
+        Command::Export {
+            command: ExportCommand::Onnx { checkpoint, out },
+        } => cli::export::onnx(&checkpoint, &out),
         Command::Profile { command } => match command {
             ProfileCommand::Infer(a) => cli::observe::profile_infer(&a),
             ProfileCommand::Diff { a, b, json } => cli::observe::profile_diff(&a, &b, json),
