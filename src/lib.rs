@@ -15,8 +15,8 @@
 //!
 //! Cargo features: the default build is the full CLI. `default-features = false` gives the
 //! library core — config, data, model, train, artifact, infer, predict, bench, pick, run —
-//! without the HTTP server, the SQLite registry, the plotter or the MLflow client; `serve`,
-//! `registry`, `plots` and `mlflow` add them back one by one.
+//! without the HTTP server, the SQLite registry, the plotter, the MLflow client or the ONNX
+//! exporter; `serve`, `registry`, `plots`, `mlflow` and `onnx` add them back one by one.
 
 #![warn(missing_docs)]
 
