@@ -519,8 +519,12 @@ impl Repository {
             .collect()
     }
 
-    /// Ready: the first scan has finished and every model serves a version.
+    /// Ready: the first scan has finished and every model serves a version (explicit
+    /// mode: always; each model reports its own readiness while it loads).
     pub fn ready(&self) -> bool {
+        if self.mode == ModelControlMode::Explicit {
+            return true;
+        }
         self.scanned.load(Ordering::Acquire)
             && self
                 .models
