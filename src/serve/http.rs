@@ -567,13 +567,21 @@ async fn stats_version(State(s): Shared, Path((name, v)): Path<(String, String)>
     stats_for(&s, Some(&name), Some(&v))
 }
 
-/// Whether a control request may proceed: the bearer token when one is set, else a
-/// loopback client.
+/// The refusal of a control request, if it may not proceed: it needs the bearer token when
+/// one is set, else a loopback client.
+fn refused(
+    s: &AppState,
+    headers: &HeaderMap,
+    ext: &axum::http::Extensions,
+) -> Option<Box<Response>> {
+    authorize(s, headers, ext).err()
+}
+
 fn authorize(
     s: &AppState,
     headers: &HeaderMap,
     ext: &axum::http::Extensions,
-) -> Result<(), Response> {
+) -> Result<(), Box<Response>> {
     match &s.control_token {
         Some(token) => {
             let given = headers
@@ -598,12 +606,12 @@ fn authorize(
                 );
                 r.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                Err(r)
+                Err(Box::new(r))
             }
         }
         None => match ext.get::<PeerAddr>() {
             Some(PeerAddr(p)) if p.ip().is_loopback() => Ok(()),
-            peer => Err(error(
+            peer => Err(Box::new(error(
                 StatusCode::FORBIDDEN,
                 format!(
                     "control endpoints answer loopback clients only{}; start kiln serve with \
@@ -611,7 +619,7 @@ fn authorize(
                     peer.map(|PeerAddr(p)| format!(" (this client is {})", p.ip()))
                         .unwrap_or_default()
                 ),
-            )),
+            ))),
         },
     }
 }
@@ -634,8 +642,8 @@ async fn repository_index(
     ext: axum::http::Extensions,
     body: Bytes,
 ) -> Response {
-    if let Err(r) = authorize(&s, &headers, &ext) {
-        return r;
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
     }
     let ready_only = if body.iter().all(u8::is_ascii_whitespace) {
         false
@@ -672,8 +680,8 @@ async fn repository_load(
     headers: HeaderMap,
     ext: axum::http::Extensions,
 ) -> Response {
-    if let Err(r) = authorize(&s, &headers, &ext) {
-        return r;
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
     }
     let repo = s.repo.clone();
     match blocking(move || repo.load_model(&name)).await {
@@ -688,8 +696,8 @@ async fn repository_unload(
     headers: HeaderMap,
     ext: axum::http::Extensions,
 ) -> Response {
-    if let Err(r) = authorize(&s, &headers, &ext) {
-        return r;
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
     }
     let repo = s.repo.clone();
     // Requests in flight end within their deadline; wait a little longer than that.
@@ -713,8 +721,8 @@ async fn profile(
     query: Result<Query<ProfileQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     use super::live_profile::{self, ProfileError};
-    if let Err(r) = authorize(&s, &headers, &ext) {
-        return r;
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
     }
     let Some(root) = s.profile_dir.clone() else {
         return error(
