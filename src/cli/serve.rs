@@ -17,6 +17,14 @@ use kiln::serve::{BatcherConfig, ConnectionConfig, ServeConfig, ServeError};
 /// and exits 0. Metrics are at /metrics. Clients that send headers or bodies too slowly are
 /// disconnected (--header-timeout-ms, --body-timeout-ms); every error answer, including
 /// those to requests that are not valid HTTP, is `{"error": "..."}`.
+///
+/// Triton's extensions: statistics at GET /v2/models/stats (and per model and version), the
+/// `nv_inference_*` counters beside kiln's own at /metrics, the model repository API
+/// (POST /v2/repository/index, /v2/repository/models/<m>/load and /unload; load and unload
+/// with --model-control-mode explicit) and on-demand profiling (POST
+/// /v2/profile?duration_ms=N, with --profile-dir). These control endpoints answer loopback
+/// clients only, unless --control-token is set: then any client with
+/// `Authorization: Bearer <token>`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     /// The model repository: `<DIR>/<model>/<version>/`.
@@ -74,6 +82,19 @@ pub struct ServeArgs {
     /// Most header fields in a request; more are answered 431.
     #[arg(long, default_value_t = 100)]
     pub max_headers: usize,
+    /// How models are loaded (Triton's): `poll` (at start, then on every poll and SIGHUP),
+    /// `none` (at start only) or `explicit` (nothing at start; load and unload through
+    /// POST /v2/repository/models/<m>/load and /unload).
+    #[arg(long, default_value = "poll", value_name = "none|poll|explicit")]
+    pub model_control_mode: kiln::serve::ModelControlMode,
+    /// Bearer token the control endpoints (repository API, profiling) require; without it
+    /// they answer loopback clients only. When absent, the KILN_CONTROL_TOKEN environment
+    /// variable is used (prefer it: a flag shows in `ps`).
+    #[arg(long, value_name = "TOKEN")]
+    pub control_token: Option<String>,
+    /// Directory for on-demand profiles (POST /v2/profile); without it profiling is off.
+    #[arg(long, value_name = "DIR")]
+    pub profile_dir: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -103,6 +124,13 @@ impl ServeArgs {
                 max_connections: self.max_connections,
                 max_headers: self.max_headers,
             },
+            model_control: self.model_control_mode,
+            control_token: self
+                .control_token
+                .clone()
+                .or_else(|| std::env::var("KILN_CONTROL_TOKEN").ok())
+                .filter(|t| !t.is_empty()),
+            profile_dir: self.profile_dir.clone(),
         }
     }
 }
@@ -110,9 +138,11 @@ impl ServeArgs {
 /// Serve until SIGTERM/SIGINT.
 pub fn run(args: &ServeArgs) -> CliResult {
     let repo = args.repository.display().to_string();
+    let mode = args.model_control_mode;
     kiln::serve::run_blocking(args.config(), |addr| {
         eprintln!(
-            "kiln serve: {repo} on http://{addr} (Open Inference Protocol v2; metrics at /metrics)"
+            "kiln serve: {repo} on http://{addr} (Open Inference Protocol v2; metrics at /metrics; \
+             model control: {mode})"
         );
     })
     .map_err(|e| match e {

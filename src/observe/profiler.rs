@@ -300,6 +300,31 @@ pub fn sync<B: burn::tensor::backend::Backend>(device: &B::Device) {
     }
 }
 
+/// Record a phase that began at `start` and ended at `end`, as if a span on this thread had
+/// covered it, when a recording is on (for intervals no span can cover: a request's wait in
+/// a queue, begun on the request's thread and ended by the worker that takes it). Costs one
+/// atomic load otherwise.
+#[inline]
+pub fn record_interval(name: &str, start: Instant, end: Instant) {
+    if !RECORDING.load(Ordering::Relaxed) {
+        return;
+    }
+    let tid = thread_id();
+    let Ok(mut guard) = RECORDER.lock() else {
+        return;
+    };
+    let Some(rec) = guard.as_mut() else { return };
+    rec.events.push(Event {
+        name: name.to_string(),
+        cat: "phase".into(),
+        ts_us: rec.now_us(start),
+        dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
+        tid,
+        step: STEP.load(Ordering::Relaxed),
+        args: BTreeMap::new(),
+    });
+}
+
 /// Whether spans are currently recorded.
 pub fn recording() -> bool {
     RECORDING.load(Ordering::Relaxed)

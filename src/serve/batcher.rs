@@ -145,6 +145,8 @@ enum Msg {
 
 struct Batch {
     jobs: Vec<Job>,
+    /// When the batch left the queue (its assembly starts).
+    taken: Instant,
 }
 
 /// A running batcher. Dropping it lets queued requests finish, then stops its threads.
@@ -511,20 +513,36 @@ impl IdleShared {
         let Some(instance) = guard.as_mut() else {
             return Err("the instance has stopped".into());
         };
+        let inputs = {
+            let _a = crate::prof_span!("serve_batch_assembly", requests = 1).entered();
+            [input]
+        };
         let t0 = Instant::now();
-        self.metrics.queue.observe_duration(t0 - arrived);
+        self.metrics.record_queue(t0 - arrived);
+        crate::observe::profiler::record_interval("serve_queue_wait", arrived, t0);
         let r = {
             let _c = crate::prof_span!("serve_compute", rows = input.rows()).entered();
-            run_guarded(&mut **instance, &[input])
+            run_guarded(&mut **instance, &inputs)
         };
         drop(guard);
-        record_batch(&self.metrics, i, input.rows(), 1, t0.elapsed());
-        r.map(|mut v| v.swap_remove(0))
+        let t1 = Instant::now();
+        let r = r.map(|mut v| v.swap_remove(0));
+        // Nothing to assemble: the request's own thread runs it.
+        record_batch(
+            &self.metrics,
+            i,
+            input.rows(),
+            1,
+            Duration::ZERO,
+            t1 - t0,
+            t1.elapsed(),
+        );
+        r
     }
 
     /// Pop the next batch (up to `max_batch` rows) off the queue, dropping requests whose
     /// caller left or whose deadline passed.
-    fn take_batch(&self, st: &mut IdleState) -> Vec<Job> {
+    fn take_batch(&self, st: &mut IdleState) -> (Vec<Job>, Instant) {
         let now = Instant::now();
         let mut jobs = Vec::new();
         let mut rows = 0;
@@ -539,11 +557,12 @@ impl IdleShared {
             if j.reply.is_closed() || now >= j.deadline {
                 continue;
             }
-            self.metrics.queue.observe_duration(now - j.enqueued);
+            self.metrics.record_queue(now - j.enqueued);
+            crate::observe::profiler::record_interval("serve_queue_wait", j.enqueued, now);
             rows += r;
             jobs.push(j);
         }
-        jobs
+        (jobs, now)
     }
 
     /// Worker thread `i`: wait to be handed the instance, then serve the queue until it is
@@ -558,9 +577,9 @@ impl IdleShared {
                 std::thread::park();
             }
             loop {
-                let jobs = {
+                let (jobs, taken) = {
                     let mut st = self.lock();
-                    let jobs = self.take_batch(&mut st);
+                    let (jobs, taken) = self.take_batch(&mut st);
                     if jobs.is_empty() {
                         if st.closing {
                             drop(st);
@@ -576,13 +595,13 @@ impl IdleShared {
                         st.idle.push(i);
                         break;
                     }
-                    jobs
+                    (jobs, taken)
                 };
                 let mut guard = slot.instance.lock().unwrap_or_else(|p| p.into_inner());
                 let Some(instance) = guard.as_mut() else {
                     return;
                 };
-                run_batch(i, &mut **instance, Batch { jobs }, &self.metrics);
+                run_batch(i, &mut **instance, Batch { jobs, taken }, &self.metrics);
             }
         }
     }
@@ -593,22 +612,22 @@ fn record_batch(
     id: usize,
     rows: usize,
     requests: usize,
-    elapsed: Duration,
+    input: Duration,
+    infer: Duration,
+    output: Duration,
 ) {
-    metrics.compute.observe_duration(elapsed);
-    metrics.exec_count.fetch_add(1, Ordering::Relaxed);
-    metrics
-        .inference_count
-        .fetch_add(rows as u64, Ordering::Relaxed);
-    metrics.batch_size.observe(rows as u64);
-    tracing::trace!(instance = id, rows, requests, ?elapsed, "batch computed");
+    metrics.record_execution(rows, requests, input, infer, output);
+    tracing::trace!(instance = id, rows, requests, ?infer, "batch computed");
 }
 
 /// Compute one batch and answer its requests.
 fn run_batch(id: usize, instance: &mut dyn Instance, batch: Batch, metrics: &VersionMetrics) {
     let rows: usize = batch.jobs.iter().map(|j| j.input.rows()).sum();
+    let inputs: Vec<&ModelInput> = {
+        let _a = crate::prof_span!("serve_batch_assembly", requests = batch.jobs.len()).entered();
+        batch.jobs.iter().map(|j| &j.input).collect()
+    };
     let t0 = Instant::now();
-    let inputs: Vec<&ModelInput> = batch.jobs.iter().map(|j| &j.input).collect();
     let result = {
         let _c = crate::prof_span!("serve_compute", rows = rows).entered();
         run_guarded(instance, &inputs)
@@ -624,7 +643,16 @@ fn run_batch(id: usize, instance: &mut dyn Instance, batch: Batch, metrics: &Ver
         }
         Err(e) => vec![Err(e)],
     };
-    record_batch(metrics, id, rows, batch.jobs.len(), t0.elapsed());
+    let t1 = Instant::now();
+    record_batch(
+        metrics,
+        id,
+        rows,
+        batch.jobs.len(),
+        t0.saturating_duration_since(batch.taken),
+        t1 - t0,
+        t1.elapsed(),
+    );
     for (job, r) in batch.jobs.into_iter().zip(results) {
         let _ = job.reply.send(r);
     }
@@ -712,7 +740,8 @@ impl QueueThread {
                         // The caller gave up or timed out: do not compute it.
                         continue;
                     }
-                    self.metrics.queue.observe_duration(now - j.enqueued);
+                    self.metrics.record_queue(now - j.enqueued);
+                    crate::observe::profiler::record_interval("serve_queue_wait", j.enqueued, now);
                     rows += r;
                     jobs.push(j);
                 }
@@ -720,7 +749,7 @@ impl QueueThread {
                     continue;
                 }
                 let w = idle.pop().expect("an idle instance");
-                if self.workers[w].send(Batch { jobs }).is_err() {
+                if self.workers[w].send(Batch { jobs, taken: now }).is_err() {
                     tracing::error!("inference instance {w} stopped");
                 }
             }

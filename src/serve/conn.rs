@@ -192,11 +192,17 @@ where
     }
 }
 
+/// The client's address, in every request's extensions (the control endpoints answer only
+/// loopback clients unless a token is set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
 /// The hyper service: the router, with each request's body under the body timeout.
 #[derive(Clone)]
 struct App {
     router: TowerToHyperService<Router>,
     body_timeout: Duration,
+    peer: Option<std::net::SocketAddr>,
 }
 
 impl hyper::service::Service<hyper::Request<Incoming>> for App {
@@ -212,7 +218,11 @@ impl hyper::service::Service<hyper::Request<Incoming>> for App {
 
     fn call(&self, req: hyper::Request<Incoming>) -> Self::Future {
         let t = self.body_timeout;
-        self.router.call(req.map(|b| DeadlineBody::new(b, t)))
+        let mut req = req.map(|b| DeadlineBody::new(b, t));
+        if let Some(p) = self.peer {
+            req.extensions_mut().insert(PeerAddr(p));
+        }
+        self.router.call(req)
     }
 }
 
@@ -477,6 +487,7 @@ pub async fn serve(
     let app = App {
         router: TowerToHyperService::new(router),
         body_timeout: config.body_timeout,
+        peer: None,
     };
     let limits = Limits {
         max_headers: config.max_headers,
@@ -487,11 +498,11 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             biased;
             _ = &mut shutdown => break,
             r = listener.accept() => match r {
-                Ok((stream, _)) => stream,
+                Ok(x) => x,
                 Err(e) if is_connection_error(&e) => continue,
                 Err(e) => {
                     // E.g. out of file descriptors: back off instead of spinning.
@@ -506,7 +517,9 @@ pub async fn serve(
             tokio::spawn(refuse(stream, config.max_connections));
             continue;
         };
-        let conn = http.serve_connection(TokioIo::new(ConnIo::new(stream, limits)), app.clone());
+        let mut conn_app = app.clone();
+        conn_app.peer = Some(peer);
+        let conn = http.serve_connection(TokioIo::new(ConnIo::new(stream, limits)), conn_app);
         let mut stop = stop_rx.clone();
         let closed = closed_rx.clone();
         tokio::spawn(async move {

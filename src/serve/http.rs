@@ -7,13 +7,23 @@
 //! ready, queue full or timed out. Every error body is `{"error": "..."}`: the answers of
 //! axum's own extractors (a model name that is not UTF-8, say) are rewritten by
 //! [`json_errors`], and those hyper gives before any route runs by [`super::conn`].
+//!
+//! Besides inference: Triton's statistics extension (`GET /v2/models[/{m}[/versions/{v}]]/stats`,
+//! answered by [`super::stats`]), the model repository extension (`POST /v2/repository/index`,
+//! `POST /v2/repository/models/{m}/load` and `/unload`, by the [`Repository`]) and on-demand
+//! profiling (`POST /v2/profile?duration_ms=…`, by [`super::live_profile`]). The repository
+//! and profiling routes are control endpoints: with `--control-token` they require
+//! `Authorization: Bearer <token>` (401 otherwise), without one they answer loopback clients
+//! only (403 otherwise); load and unload also need `--model-control-mode explicit` (400
+//! otherwise).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,9 +31,10 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{Value, json};
 
 use super::batcher::InferFailure;
+use super::conn::PeerAddr;
 use super::metrics::{Failure, Metrics};
 use super::protocol::{HEADER_LENGTH, InferRequest, encode_response, select_outputs};
-use super::repository::{LoadedVersion, ModelSlot, Repository};
+use super::repository::{LoadedVersion, ModelSlot, RepoError, RepoErrorKind, Repository};
 
 /// What the handlers share.
 pub struct AppState {
@@ -35,6 +46,10 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Per-request deadline.
     pub request_timeout: Duration,
+    /// Bearer token of the control endpoints (`None`: loopback clients only).
+    pub control_token: Option<String>,
+    /// Where on-demand profiles go (`None`: profiling is off).
+    pub profile_dir: Option<PathBuf>,
 }
 
 type Shared = State<Arc<AppState>>;
@@ -71,6 +86,19 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(model_config_v),
         )
         .route("/v2/models/{name}/versions/{version}/infer", post(infer_v))
+        .route("/v2/models/stats", get(stats_all))
+        .route("/v2/models/{name}/stats", get(stats_model))
+        .route(
+            "/v2/models/{name}/versions/{version}/stats",
+            get(stats_version),
+        )
+        .route("/v2/repository/index", post(repository_index))
+        .route("/v2/repository/models/{name}/load", post(repository_load))
+        .route(
+            "/v2/repository/models/{name}/unload",
+            post(repository_unload),
+        )
+        .route("/v2/profile", post(profile))
         .route("/metrics", get(metrics))
         .fallback(|req: axum::extract::Request| async move {
             error(
@@ -147,7 +175,12 @@ async fn server_metadata() -> Response {
     ok_json(json!({
         "name": "kiln",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data", "model_configuration"],
+        "extensions": [
+            "binary_tensor_data",
+            "model_configuration",
+            "statistics",
+            "model_repository",
+        ],
     }))
 }
 
@@ -409,7 +442,7 @@ async fn infer_inner(
     let _ = slot;
     let vm = &lv.metrics;
     let bad = |msg: String| {
-        vm.fail(Failure::BadRequest);
+        vm.record_failure(Failure::BadRequest, t0.elapsed());
         error(StatusCode::BAD_REQUEST, msg)
     };
     if let Some(enc) = headers.get(header::CONTENT_ENCODING)
@@ -459,7 +492,7 @@ async fn infer_inner(
                 InferFailure::Timeout(_) => (StatusCode::SERVICE_UNAVAILABLE, Failure::Timeout),
                 InferFailure::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Failure::Internal),
             };
-            vm.fail(why);
+            vm.record_failure(why, t0.elapsed());
             if why == Failure::Internal {
                 tracing::error!(model = %name, version = lv.version, "{f}");
             }
@@ -477,9 +510,7 @@ async fn infer_inner(
         req.id.as_deref(),
         &selected,
     );
-    vm.request.observe_duration(t0.elapsed());
-    vm.success
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    vm.record_success(t0.elapsed());
     let mut resp = Response::new(Body::from(enc.body));
     let h = resp.headers_mut();
     match enc.header_length {
@@ -505,5 +536,230 @@ fn slot_not_ready(s: &AppState, name: &str) {
         slot.metrics
             .not_ready
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn repo_error(e: RepoError) -> Response {
+    let code = match e.kind {
+        RepoErrorKind::NotFound => StatusCode::NOT_FOUND,
+        RepoErrorKind::InvalidArgument | RepoErrorKind::LoadFailed => StatusCode::BAD_REQUEST,
+        RepoErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(code, e.message)
+}
+
+fn stats_for(s: &AppState, name: Option<&str>, version: Option<&str>) -> Response {
+    match super::stats::model_stats(&s.repo, name, version) {
+        Ok(r) => ok_json(serde_json::to_value(r).unwrap_or(Value::Null)),
+        Err(e) => repo_error(e),
+    }
+}
+
+async fn stats_all(State(s): Shared) -> Response {
+    stats_for(&s, None, None)
+}
+
+async fn stats_model(State(s): Shared, Path(name): Path<String>) -> Response {
+    stats_for(&s, Some(&name), None)
+}
+
+async fn stats_version(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
+    stats_for(&s, Some(&name), Some(&v))
+}
+
+/// The refusal of a control request, if it may not proceed: it needs the bearer token when
+/// one is set, else a loopback client.
+fn refused(
+    s: &AppState,
+    headers: &HeaderMap,
+    ext: &axum::http::Extensions,
+) -> Option<Box<Response>> {
+    authorize(s, headers, ext).err()
+}
+
+fn authorize(
+    s: &AppState,
+    headers: &HeaderMap,
+    ext: &axum::http::Extensions,
+) -> Result<(), Box<Response>> {
+    match &s.control_token {
+        Some(token) => {
+            let given = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            // Compare in time independent of where the first difference is.
+            let ok = given.is_some_and(|g| {
+                g.len() == token.len()
+                    && g.bytes()
+                        .zip(token.bytes())
+                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                        == 0
+            });
+            if ok {
+                Ok(())
+            } else {
+                let mut r = error(
+                    StatusCode::UNAUTHORIZED,
+                    "this control endpoint needs `Authorization: Bearer <token>` \
+                     (the token given to --control-token)",
+                );
+                r.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                Err(Box::new(r))
+            }
+        }
+        None => match ext.get::<PeerAddr>() {
+            Some(PeerAddr(p)) if p.ip().is_loopback() => Ok(()),
+            peer => Err(Box::new(error(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "control endpoints answer loopback clients only{}; start kiln serve with \
+                     --control-token to allow others with a bearer token",
+                    peer.map(|PeerAddr(p)| format!(" (this client is {})", p.ip()))
+                        .unwrap_or_default()
+                ),
+            ))),
+        },
+    }
+}
+
+/// Run blocking repository work off the runtime's threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, RepoError> + Send + 'static,
+) -> Result<T, RepoError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(RepoError::new(
+            RepoErrorKind::LoadFailed,
+            format!("the repository task failed: {e}"),
+        ))
+    })
+}
+
+async fn repository_index(
+    State(s): Shared,
+    headers: HeaderMap,
+    ext: axum::http::Extensions,
+    body: Bytes,
+) -> Response {
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
+    }
+    let ready_only = if body.iter().all(u8::is_ascii_whitespace) {
+        false
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(v) => match v.get("ready") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(other) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("`ready` must be true or false, not {other}"),
+                    );
+                }
+            },
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("the index request body is not JSON: {e}"),
+                );
+            }
+        }
+    };
+    let repo = s.repo.clone();
+    match blocking(move || repo.index(ready_only)).await {
+        Ok(entries) => ok_json(serde_json::to_value(entries).unwrap_or(Value::Null)),
+        Err(e) => repo_error(e),
+    }
+}
+
+async fn repository_load(
+    State(s): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    ext: axum::http::Extensions,
+) -> Response {
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
+    }
+    let repo = s.repo.clone();
+    match blocking(move || repo.load_model(&name)).await {
+        Ok(_) => ok_json(json!({})),
+        Err(e) => repo_error(e),
+    }
+}
+
+async fn repository_unload(
+    State(s): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    ext: axum::http::Extensions,
+) -> Response {
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
+    }
+    let repo = s.repo.clone();
+    // Requests in flight end within their deadline; wait a little longer than that.
+    let drain = s.request_timeout + Duration::from_secs(5);
+    match blocking(move || repo.unload_model(&name, drain)).await {
+        Ok(()) => ok_json(json!({})),
+        Err(e) => repo_error(e),
+    }
+}
+
+/// The query of `POST /v2/profile`.
+#[derive(Debug, serde::Deserialize)]
+struct ProfileQuery {
+    duration_ms: Option<u64>,
+}
+
+async fn profile(
+    State(s): Shared,
+    headers: HeaderMap,
+    ext: axum::http::Extensions,
+    query: Result<Query<ProfileQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    use super::live_profile::{self, ProfileError};
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
+    }
+    let Some(root) = s.profile_dir.clone() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "on-demand profiling is off; start kiln serve with --profile-dir DIR",
+        );
+    };
+    let ms = match query {
+        Ok(Query(q)) => q.duration_ms.unwrap_or(1000),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("bad query: {e}; expected ?duration_ms=<milliseconds>"),
+            );
+        }
+    };
+    let window = match live_profile::window(ms) {
+        Ok(w) => w,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    match live_profile::record(&root, window).await {
+        Ok(p) => ok_json(json!({
+            "dir": p.dir.display().to_string(),
+            "trace": p.outputs.trace.display().to_string(),
+            "key_averages": p.outputs.table_txt.display().to_string(),
+            "key_averages_json": p.outputs.table_json.display().to_string(),
+            "events": p.events,
+            "duration_ms": ms,
+            "table": p.outputs.averages.table(crate::observe::profiler::SortBy::Total, 30),
+        })),
+        Err(e @ ProfileError::Busy) => error(StatusCode::CONFLICT, e.to_string()),
+        Err(e @ ProfileError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ ProfileError::Empty(_)) => ok_json(json!({
+            "events": 0,
+            "duration_ms": ms,
+            "message": e.to_string(),
+        })),
+        Err(e @ ProfileError::Io { .. }) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

@@ -19,6 +19,20 @@
 //!   the shortest decimal (`le="0.00005"`), so [`Metrics::render`] rewrites each `le` value
 //!   to that form (the same number, so only the spelling of the two sub-0.1 ms bounds
 //!   changes back).
+//!
+//! Beside kiln's own series, the exposition ends with Triton's per-request counters under
+//! Triton's names (`nv_inference_request_success`, `nv_inference_request_failure`,
+//! `nv_inference_count`, `nv_inference_exec_count`, `nv_inference_request_duration_us`,
+//! `nv_inference_queue_duration_us`, `nv_inference_compute_{input,infer,output}_duration_us`,
+//! labels `model` and `version`), so Triton's Grafana dashboards work unchanged. Triton's
+//! counters carry no `_total` suffix, so these families are written by hand, not by the
+//! encoder (which would append it). They read the same atomics as the statistics extension
+//! ([`TritonStats`], `GET /v2/models/stats`): the durations there are in ns, here in µs
+//! (`ns / 1000`, rounded down), and the counts are equal. Semantics are Triton's: queue and
+//! compute times are per request, and every request of a batch is attributed the whole
+//! batch's compute time (so `nv_inference_compute_infer_duration_us` grows by `n × t` for a
+//! batch of `n` requests that took `t`); request duration and success count only successful
+//! requests.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -106,6 +120,76 @@ impl Histogram {
     }
 }
 
+/// A count and a cumulative duration in nanoseconds (Triton's `{count, ns}`).
+#[derive(Debug, Default)]
+pub struct DurationStat {
+    count: AtomicU64,
+    ns: AtomicU64,
+}
+
+impl DurationStat {
+    /// Count one event that took `d`.
+    pub fn add(&self, d: Duration) {
+        self.add_n(1, d);
+    }
+
+    /// Count `n` events that each took `each`.
+    pub fn add_n(&self, n: u64, each: Duration) {
+        self.count.fetch_add(n, Relaxed);
+        self.ns.fetch_add(n * each.as_nanos() as u64, Relaxed);
+    }
+
+    /// Events so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+
+    /// Their cumulative duration, ns.
+    pub fn ns(&self) -> u64 {
+        self.ns.load(Relaxed)
+    }
+}
+
+/// What executions of one batch size took (Triton's `batch_stats` entry).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchStat {
+    /// Executions of this batch size.
+    pub count: u64,
+    /// Their cumulative batch assembly time, ns.
+    pub input_ns: u64,
+    /// Their cumulative engine time, ns.
+    pub infer_ns: u64,
+    /// Their cumulative result splitting time, ns.
+    pub output_ns: u64,
+}
+
+/// Triton's per-version statistics (the statistics extension and the `nv_inference_*`
+/// counters), cumulative since the version was loaded. Per request: `success` and `fail`
+/// (with the request's end-to-end time), `queue` (time in the batcher's queue),
+/// `compute_input` (batch assembly and hand-off to the instance), `compute_infer` (the
+/// instance's execution: concatenating the inputs, the engine, splitting the outputs) and
+/// `compute_output` (handing each request its rows); a batch's compute times are
+/// attributed in full to each request in it, as Triton does. Per batch size: `batches`.
+#[derive(Debug, Default)]
+pub struct TritonStats {
+    /// Successful requests and their end-to-end time.
+    pub success: DurationStat,
+    /// Failed requests (attributed to this version) and their end-to-end time.
+    pub fail: DurationStat,
+    /// Time each request waited in the queue.
+    pub queue: DurationStat,
+    /// Batch assembly, per request.
+    pub compute_input: DurationStat,
+    /// Engine execution, per request.
+    pub compute_infer: DurationStat,
+    /// Output hand-back, per request.
+    pub compute_output: DurationStat,
+    /// Executions by batch size (rows).
+    pub batches: Mutex<BTreeMap<u64, BatchStat>>,
+    /// When the last batch finished, ms since the Unix epoch (0: never).
+    pub last_inference_ms: AtomicU64,
+}
+
 /// Why a request failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
@@ -159,6 +243,8 @@ pub struct VersionMetrics {
     pub request: Histogram,
     /// Rows per executed batch.
     pub batch_size: Histogram,
+    /// Triton's statistics.
+    pub stats: TritonStats,
 }
 
 impl VersionMetrics {
@@ -172,13 +258,75 @@ impl VersionMetrics {
             compute: Histogram::durations(),
             request: Histogram::durations(),
             batch_size: Histogram::new(&BATCH_BOUNDS, 1.0),
+            stats: TritonStats::default(),
         }
     }
 
-    /// Count a failed request.
+    /// Count a failed request (Triton's `fail` with no duration).
     pub fn fail(&self, why: Failure) {
+        self.record_failure(why, Duration::ZERO);
+    }
+
+    /// Count a failed request that took `elapsed` from arrival to its error answer. Every
+    /// protocol (HTTP, gRPC) calls this for a request resolved to this version.
+    pub fn record_failure(&self, why: Failure, elapsed: Duration) {
         let i = Failure::ALL.iter().position(|f| *f == why).expect("listed");
         self.failures[i].fetch_add(1, Relaxed);
+        self.stats.fail.add(elapsed);
+    }
+
+    /// Count a successful request that took `elapsed` from arrival to its encoded answer.
+    /// Every protocol (HTTP, gRPC) calls this once per answered request.
+    pub fn record_success(&self, elapsed: Duration) {
+        let now = std::time::Instant::now();
+        crate::observe::profiler::record_interval(
+            crate::serve::live_profile::STEP_NAME,
+            now.checked_sub(elapsed).unwrap_or(now),
+            now,
+        );
+        self.request.observe_duration(elapsed);
+        self.stats.success.add(elapsed);
+        self.success.fetch_add(1, Relaxed);
+    }
+
+    /// A request left the queue after waiting `waited` (the batcher calls this).
+    pub fn record_queue(&self, waited: Duration) {
+        self.queue.observe_duration(waited);
+        self.stats.queue.add(waited);
+    }
+
+    /// A batch of `rows` rows from `requests` requests executed: `input` to assemble and hand
+    /// it to the instance, `infer` in the instance, `output` to split the results (the
+    /// batcher calls this before answering the requests).
+    pub fn record_execution(
+        &self,
+        rows: usize,
+        requests: usize,
+        input: Duration,
+        infer: Duration,
+        output: Duration,
+    ) {
+        self.compute.observe_duration(input + infer + output);
+        self.exec_count.fetch_add(1, Relaxed);
+        self.inference_count.fetch_add(rows as u64, Relaxed);
+        self.batch_size.observe(rows as u64);
+        let n = requests as u64;
+        let s = &self.stats;
+        s.compute_input.add_n(n, input);
+        s.compute_infer.add_n(n, infer);
+        s.compute_output.add_n(n, output);
+        {
+            let mut b = s.batches.lock().unwrap_or_else(|p| p.into_inner());
+            let e = b.entry(rows as u64).or_default();
+            e.count += 1;
+            e.input_ns += input.as_nanos() as u64;
+            e.infer_ns += infer.as_nanos() as u64;
+            e.output_ns += output.as_nanos() as u64;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        s.last_inference_ms.store(now, Relaxed);
     }
 
     /// Failed requests for a reason.
@@ -227,6 +375,17 @@ impl ModelMetrics {
             .entry(v)
             .or_insert_with(|| Arc::new(VersionMetrics::new()))
             .clone()
+    }
+
+    /// Fresh metrics for a version being loaded: its counters start again from zero, as
+    /// Triton's do when a model is (re)loaded ("cumulative since load").
+    pub fn fresh_version(&self, v: u64) -> Arc<VersionMetrics> {
+        let vm = Arc::new(VersionMetrics::new());
+        self.versions
+            .lock()
+            .expect("metrics lock")
+            .insert(v, vm.clone());
+        vm
     }
 }
 
@@ -283,8 +442,108 @@ impl Metrics {
         // The collector only fails when its writer does, and a String never does.
         prometheus_text::encode(&mut out, &self.registry)
             .expect("the metrics exposition writes to a String");
-        decimal_bucket_bounds(&out)
+        let mut out = decimal_bucket_bounds(&out);
+        self.render_triton(&mut out);
+        out
     }
+
+    /// Append Triton's `nv_inference_*` counters (no `_total` suffix, as Triton writes them).
+    fn render_triton(&self, out: &mut String) {
+        use std::fmt::Write;
+        let models: Vec<(String, Arc<ModelMetrics>)> = self
+            .values
+            .models
+            .lock()
+            .expect("metrics lock")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let versions: Vec<(String, u64, Arc<VersionMetrics>)> = models
+            .iter()
+            .flat_map(|(name, m)| {
+                m.versions
+                    .lock()
+                    .expect("metrics lock")
+                    .iter()
+                    .map(|(v, vm)| (name.clone(), *v, vm.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        type Pick = fn(&VersionMetrics) -> u64;
+        let families: [(&str, &str, Pick); 9] = [
+            (
+                "nv_inference_request_success",
+                "Number of successful inference requests, all batch sizes",
+                |vm| vm.stats.success.count(),
+            ),
+            (
+                "nv_inference_request_failure",
+                "Number of failed inference requests, all batch sizes",
+                |vm| vm.stats.fail.count(),
+            ),
+            (
+                "nv_inference_count",
+                "Number of inferences performed (does not include cached requests)",
+                |vm| vm.inference_count.load(Relaxed),
+            ),
+            (
+                "nv_inference_exec_count",
+                "Number of model executions performed (does not include cached requests)",
+                |vm| vm.exec_count.load(Relaxed),
+            ),
+            (
+                "nv_inference_request_duration_us",
+                "Cumulative inference request duration in microseconds (includes cached requests)",
+                |vm| vm.stats.success.ns() / 1000,
+            ),
+            (
+                "nv_inference_queue_duration_us",
+                "Cumulative inference queuing duration in microseconds (includes cached requests)",
+                |vm| vm.stats.queue.ns() / 1000,
+            ),
+            (
+                "nv_inference_compute_input_duration_us",
+                "Cumulative compute input duration in microseconds (does not include cached requests)",
+                |vm| vm.stats.compute_input.ns() / 1000,
+            ),
+            (
+                "nv_inference_compute_infer_duration_us",
+                "Cumulative compute inference duration in microseconds (does not include cached requests)",
+                |vm| vm.stats.compute_infer.ns() / 1000,
+            ),
+            (
+                "nv_inference_compute_output_duration_us",
+                "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+                |vm| vm.stats.compute_output.ns() / 1000,
+            ),
+        ];
+        for (name, help, pick) in families {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            for (m, v, vm) in &versions {
+                let _ = writeln!(
+                    out,
+                    "{name}{{model=\"{}\",version=\"{v}\"}} {}",
+                    escape_label(m),
+                    pick(vm)
+                );
+            }
+        }
+    }
+}
+
+/// A label value escaped for the Prometheus text format.
+fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Rewrite the `le="…"` bound of every bucket line that the encoder spelled in exponent
@@ -694,7 +953,11 @@ mod tests {
         let text = m.render();
 
         // HELP then TYPE for every family, in order, and no other comment lines.
-        let comments: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
+        // (Triton's `nv_inference_*` families follow kiln's; they have their own test.)
+        let comments: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with('#') && !l.contains(" nv_inference_"))
+            .collect();
         let want: Vec<String> = FAMILIES
             .iter()
             .flat_map(|(name, kind, help)| {
@@ -830,6 +1093,74 @@ mod tests {
         let first = text.find(&format!("kiln_inference_count_total{{{l1}}}"));
         let second = text.find(&format!("kiln_inference_count_total{{{l2}}}"));
         assert!(first < second);
+    }
+
+    #[test]
+    fn triton_counters_have_tritons_names_and_per_request_semantics() {
+        let m = Metrics::default();
+        let v = m.model("a\"b").version(3);
+        // Two requests queued 1.5 ms and 0.5 ms, then ran as one batch of 5 rows that took
+        // 10 µs to assemble, 2 ms to compute and 1 µs to split: each request gets it all.
+        v.record_queue(Duration::from_micros(1500));
+        v.record_queue(Duration::from_micros(500));
+        v.record_execution(
+            5,
+            2,
+            Duration::from_micros(10),
+            Duration::from_millis(2),
+            Duration::from_micros(1),
+        );
+        v.record_success(Duration::from_millis(4));
+        v.record_success(Duration::from_millis(3));
+        v.record_failure(Failure::BadRequest, Duration::from_micros(7));
+        let text = m.render();
+        let l = "model=\"a\\\"b\",version=\"3\"";
+        let get = |name: &str| {
+            sample(&text, &format!("{name}{{{l}}}")).unwrap_or_else(|| panic!("{name}\n{text}"))
+        };
+        assert_eq!(get("nv_inference_request_success"), 2.0);
+        assert_eq!(get("nv_inference_request_failure"), 1.0);
+        assert_eq!(get("nv_inference_count"), 5.0);
+        assert_eq!(get("nv_inference_exec_count"), 1.0);
+        assert_eq!(get("nv_inference_request_duration_us"), 7000.0);
+        assert_eq!(get("nv_inference_queue_duration_us"), 2000.0);
+        assert_eq!(get("nv_inference_compute_input_duration_us"), 20.0);
+        assert_eq!(get("nv_inference_compute_infer_duration_us"), 4000.0);
+        assert_eq!(get("nv_inference_compute_output_duration_us"), 2.0);
+        for name in [
+            "nv_inference_request_success",
+            "nv_inference_queue_duration_us",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name} counter\n")),
+                "{name}\n{text}"
+            );
+        }
+        // The statistics behind them, in ns.
+        let s = &v.stats;
+        assert_eq!((s.queue.count(), s.queue.ns()), (2, 2_000_000));
+        assert_eq!(
+            (s.compute_infer.count(), s.compute_infer.ns()),
+            (2, 4_000_000)
+        );
+        assert_eq!(
+            s.batches.lock().unwrap().get(&5).copied(),
+            Some(BatchStat {
+                count: 1,
+                input_ns: 10_000,
+                infer_ns: 2_000_000,
+                output_ns: 1_000
+            })
+        );
+        assert!(s.last_inference_ms.load(Relaxed) > 0);
+        // kiln's own series count the same requests.
+        assert_eq!(
+            sample(
+                &text,
+                "kiln_inference_request_success_total{model=\"a\\\"b\",version=\"3\"}"
+            ),
+            Some(2.0)
+        );
     }
 
     #[test]

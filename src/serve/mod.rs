@@ -11,7 +11,9 @@
 //! * [`batcher`] — one thread owns each version's queue; instances are worker threads with
 //!   their own engines and thread pools;
 //! * [`repository`] — versions on disk, loading, warm-up and the atomic swap;
-//! * [`metrics`] — counters and histograms, Prometheus text;
+//! * [`metrics`] — counters and histograms, Prometheus text (kiln's and Triton's names);
+//! * [`stats`] — Triton's statistics extension, protocol-neutral;
+//! * [`live_profile`] — on-demand profiling of a live server;
 //! * [`client`], [`loadtest`] — a small loopback HTTP client and the load generator;
 //! * [`bench`] — the serving latency benchmark (`kiln bench serve`).
 //!
@@ -34,11 +36,13 @@ pub mod bench;
 pub mod client;
 pub mod conn;
 pub mod http;
+pub mod live_profile;
 pub mod loadtest;
 pub mod metrics;
 pub mod model;
 pub mod protocol;
 pub mod repository;
+pub mod stats;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -50,7 +54,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub use batcher::{BatcherConfig, BatchingPolicy};
 pub use conn::ConnectionConfig;
 pub use metrics::Metrics;
-pub use repository::{ReloadReport, Repository, RepositoryConfig};
+pub use repository::{
+    ModelControlMode, ReloadReport, RepoError, RepoErrorKind, Repository, RepositoryConfig,
+};
 
 /// Server settings (the flags of `kiln serve`).
 #[derive(Debug, Clone, PartialEq)]
@@ -76,6 +82,14 @@ pub struct ServeConfig {
     pub signals: bool,
     /// Connection limits: header and body timeouts, the connection cap.
     pub connection: ConnectionConfig,
+    /// How models get loaded: `poll` (default: at start, then on every poll tick and
+    /// SIGHUP), `none` (at start only) or `explicit` (through the repository API only).
+    pub model_control: ModelControlMode,
+    /// Bearer token of the control endpoints (repository API, on-demand profiling). `None`:
+    /// they answer loopback clients only.
+    pub control_token: Option<String>,
+    /// Where `POST /v2/profile` writes its recordings (`None`: the endpoint is off).
+    pub profile_dir: Option<PathBuf>,
 }
 
 impl Default for ServeConfig {
@@ -91,6 +105,9 @@ impl Default for ServeConfig {
             max_body_bytes: 8 << 20,
             signals: false,
             connection: ConnectionConfig::default(),
+            model_control: ModelControlMode::Poll,
+            control_token: None,
+            profile_dir: None,
         }
     }
 }
@@ -149,6 +166,13 @@ fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
     }
     if cfg.max_body_bytes == 0 {
         return bad("--max-body-bytes must be at least 1".into());
+    }
+    if let Some(t) = &cfg.control_token
+        && (t.len() < 16 || !t.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return bad(
+            "--control-token must be at least 16 printable ASCII characters without spaces".into(),
+        );
     }
     cfg.connection.validate()?;
     let engine = cfg.engine.clone().unwrap_or_else(default_engine);
@@ -353,20 +377,23 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         source,
     })?;
     let metrics = Arc::new(Metrics::default());
-    let repo = Arc::new(Repository::new(
+    let repo = Arc::new(Repository::with_mode(
         RepositoryConfig {
             root: config.repository.clone(),
             engine,
             batcher: config.batcher.clone(),
         },
         metrics.clone(),
+        config.model_control,
     ));
+    // Only `poll` reloads by itself (ticks, SIGHUP); `none` and `explicit` never do.
+    let polling = config.model_control == ModelControlMode::Poll;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (reload_tx, reload_rx) = mpsc::unbounded_channel();
     tokio::spawn(reload_loop(
         repo.clone(),
-        config.poll_interval.filter(|d| !d.is_zero()),
-        config.signals,
+        config.poll_interval.filter(|d| !d.is_zero() && polling),
+        config.signals && polling,
         reload_rx,
         shutdown_rx.clone(),
     ));
@@ -375,6 +402,8 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         metrics: metrics.clone(),
         max_body_bytes: config.max_body_bytes,
         request_timeout: config.request_timeout,
+        control_token: config.control_token.clone(),
+        profile_dir: config.profile_dir.clone(),
     });
     let app = http::router(state);
     let signals = config.signals;
