@@ -26,6 +26,7 @@ pub mod bench;
 pub mod config;
 pub mod data;
 pub mod doctor;
+pub mod import;
 pub mod infer;
 pub mod model;
 pub mod observe;

@@ -89,6 +89,11 @@ enum Command {
         #[command(subcommand)]
         command: CheckpointCommand,
     },
+    /// Bring weights trained elsewhere into a kiln checkpoint.
+    Import {
+        #[command(subcommand)]
+        command: ImportCommand,
+    },
     /// Inspect experiment configs.
     Config {
         #[command(subcommand)]
@@ -225,6 +230,14 @@ enum CheckpointCommand {
 }
 
 #[derive(Subcommand)]
+enum ImportCommand {
+    /// A PyTorch `state_dict` saved as safetensors (`backbone.0`, `backbone.2`, …,
+    /// `mean_head`, `logvar_head`; `[out, in]` weights) → a kiln checkpoint that `kiln
+    /// predict`, `kiln serve` and every engine load.
+    Pytorch(cli::import::PytorchArgs),
+}
+
+#[derive(Subcommand)]
 enum DatasetCommand {
     /// Derive the player-season table from the Baseball Databank (byte-for-byte reproducible).
     Baseball {
@@ -306,6 +319,9 @@ fn run(cli: Cli) -> CliResult {
         Command::Checkpoint {
             command: CheckpointCommand::Reseal { dir },
         } => cli::checkpoint::reseal(&dir),
+        Command::Import {
+            command: ImportCommand::Pytorch(a),
+        } => cli::import::pytorch(&a),
         Command::Profile { command } => match command {
             ProfileCommand::Infer(a) => cli::observe::profile_infer(&a),
             ProfileCommand::Diff { a, b, json } => cli::observe::profile_diff(&a, &b, json),

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod dataset;
+pub mod import;
 pub mod loadtest;
 pub mod mvn;
 pub mod observe;
