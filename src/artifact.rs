@@ -2,8 +2,11 @@
 //!
 //! ```text
 //! <export>/
-//!   model.safetensors   f32 weights, PyTorch naming and layout (`backbone.0.weight` is
-//!                       [out, in]), so `torch.nn.Linear` can load them unchanged
+//!   model.safetensors   f32 weights, PyTorch naming and layout: `backbone.0`, `backbone.2`,
+//!                       … (an `nn.Sequential` of Linear + activation numbers its linear
+//!                       layers so), `mean_head`, `logvar_head`; `<layer>.weight` is
+//!                       [out, in], so `load_state_dict` into the obvious PyTorch module
+//!                       works unchanged (older files numbered `backbone.0, 1, …` still load)
 //!   manifest.json       architecture, feature/target names and normalisation, residual
 //!                       correlation, metrics, versions, dataset and weights SHA-256
 //! ```
@@ -195,22 +198,23 @@ impl HostWeights {
         }
     }
 
-    /// `(name, layer)` pairs in file order.
+    /// `(name, layer)` pairs in file order: `backbone.0`, `backbone.2`, … (see
+    /// [`layer_names`]), `mean_head`, `logvar_head`.
     pub fn named(&self) -> Vec<(String, &HostLinear)> {
-        let mut v: Vec<(String, &HostLinear)> = self
+        let layers = self
             .backbone
             .iter()
-            .enumerate()
-            .map(|(i, l)| (format!("backbone.{i}"), l))
-            .collect();
-        v.push(("mean_head".into(), &self.mean_head));
-        v.push(("logvar_head".into(), &self.logvar_head));
-        v
+            .chain([&self.mean_head, &self.logvar_head]);
+        layer_names(self.backbone.len())
+            .into_iter()
+            .zip(layers)
+            .collect()
     }
 
-    /// Serialise as safetensors (PyTorch names and `[out, in]` weight layout).
-    pub fn to_safetensors(&self) -> Vec<u8> {
-        let mut tensors: BTreeMap<String, (Vec<u8>, Vec<usize>)> = BTreeMap::new();
+    /// The named tensors in PyTorch layout (`<layer>.weight` `[out, in]`, `<layer>.bias`
+    /// `[out]`), as [`HostWeights::to_safetensors`] writes them.
+    pub fn to_tensors(&self) -> BTreeMap<String, HostTensor> {
+        let mut tensors = BTreeMap::new();
         for (name, l) in self.named() {
             let mut t = vec![0f32; l.w.len()];
             for i in 0..l.fan_in {
@@ -220,26 +224,33 @@ impl HostWeights {
             }
             tensors.insert(
                 format!("{name}.weight"),
-                (le_bytes(&t), vec![l.fan_out, l.fan_in]),
+                HostTensor {
+                    shape: vec![l.fan_out, l.fan_in],
+                    data: t,
+                },
             );
-            tensors.insert(format!("{name}.bias"), (le_bytes(&l.b), vec![l.fan_out]));
+            tensors.insert(
+                format!("{name}.bias"),
+                HostTensor {
+                    shape: vec![l.fan_out],
+                    data: l.b.clone(),
+                },
+            );
         }
-        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
-            .iter()
-            .map(|(k, (bytes, shape))| {
-                let view = safetensors::tensor::TensorView::new(
-                    safetensors::Dtype::F32,
-                    shape.clone(),
-                    bytes,
-                )
-                .expect("consistent tensor view");
-                (k.clone(), view)
-            })
-            .collect();
-        safetensors::serialize(views, None).expect("serialising in-memory tensors")
+        tensors
+    }
+
+    /// Serialise as safetensors (PyTorch names and `[out, in]` weight layout).
+    pub fn to_safetensors(&self) -> Vec<u8> {
+        tensors_to_safetensors(&self.to_tensors())
     }
 
     /// Parse safetensors bytes and check them against `arch`.
+    ///
+    /// Files of kiln versions before the PyTorch `nn.Sequential` numbering (backbone layers
+    /// named `backbone.0`, `backbone.1`, … instead of `backbone.0`, `backbone.2`, …) load too:
+    /// a file whose names all fit that older scheme, and not the current one, is renamed on
+    /// read.
     pub fn from_safetensors(
         bytes: &[u8],
         arch: &RegressionNetConfig,
@@ -250,54 +261,112 @@ impl HostWeights {
                 path: path.to_path_buf(),
                 message: e.to_string(),
             })?;
+        let mut tensors = BTreeMap::new();
+        for (name, t) in st.tensors() {
+            if t.dtype() != safetensors::Dtype::F32 {
+                return Err(ArtifactError::Architecture {
+                    path: path.to_path_buf(),
+                    message: format!("tensor `{name}` has dtype {:?}, expected F32", t.dtype()),
+                });
+            }
+            let data = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            tensors.insert(
+                name,
+                HostTensor {
+                    shape: t.shape().to_vec(),
+                    data,
+                },
+            );
+        }
+        let current = expected_tensor_names(arch.hidden.len());
+        let legacy: Vec<String> = (0..arch.hidden.len())
+            .flat_map(|i| [format!("backbone.{i}.weight"), format!("backbone.{i}.bias")])
+            .collect();
+        let fits = |names: &[String]| tensors.keys().all(|k| names.contains(k));
+        if arch.hidden.len() >= 2 && !fits(&current) && fits_legacy(&tensors, &legacy, &current) {
+            tensors = tensors
+                .into_iter()
+                .map(|(k, t)| (legacy_to_current(&k).unwrap_or(k), t))
+                .collect();
+        }
+        Self::from_tensors(tensors, arch, path)
+    }
+
+    /// Build weights for `arch` from named tensors in PyTorch layout (`<layer>.weight`
+    /// `[out, in]`, `<layer>.bias` `[out]`, layers named by [`layer_names`]). Every missing,
+    /// unexpected or misshapen tensor is an [`ArtifactError::Architecture`] naming it (and
+    /// both shapes); `path` is only used in messages.
+    pub fn from_tensors(
+        mut tensors: BTreeMap<String, HostTensor>,
+        arch: &RegressionNetConfig,
+        path: &Path,
+    ) -> Result<Self, ArtifactError> {
         let arch_err = |message: String| ArtifactError::Architecture {
             path: path.to_path_buf(),
             message,
         };
         let shapes = arch.layer_shapes();
-        let mut names: Vec<String> = (0..arch.hidden.len())
-            .map(|i| format!("backbone.{i}"))
-            .collect();
-        names.push("mean_head".into());
-        names.push("logvar_head".into());
-        let expected: Vec<String> = names
+        let names = layer_names(arch.hidden.len());
+        let expected: Vec<(String, Vec<usize>)> = names
             .iter()
-            .flat_map(|n| [format!("{n}.weight"), format!("{n}.bias")])
+            .zip(&shapes)
+            .flat_map(|(n, &(fan_in, fan_out))| {
+                [
+                    (format!("{n}.weight"), vec![fan_out, fan_in]),
+                    (format!("{n}.bias"), vec![fan_out]),
+                ]
+            })
             .collect();
-        for present in st.names() {
-            if !expected.iter().any(|e| e == present) {
+        let extra: Vec<String> = tensors
+            .keys()
+            .filter(|k| !expected.iter().any(|(e, _)| e == *k))
+            .map(|k| format!("`{k}`"))
+            .collect();
+        let missing: Vec<String> = expected
+            .iter()
+            .filter(|(e, _)| !tensors.contains_key(e))
+            .map(|(e, shape)| format!("`{e}` with shape {shape:?}"))
+            .collect();
+        if !extra.is_empty() || !missing.is_empty() {
+            let mut parts = Vec::new();
+            if !missing.is_empty() {
+                parts.push(format!("missing tensor {}", missing.join(", ")));
+            }
+            if !extra.is_empty() {
+                parts.push(format!("unexpected tensor {}", extra.join(", ")));
+            }
+            return Err(arch_err(format!(
+                "{} (the architecture {} → {:?} → {} has layers {})",
+                parts.join("; "),
+                arch.n_features,
+                arch.hidden,
+                arch.n_targets,
+                names.join(", ")
+            )));
+        }
+        for (name, shape) in &expected {
+            let t = &tensors[name];
+            if &t.shape != shape {
                 return Err(arch_err(format!(
-                    "unexpected tensor `{present}` (the manifest's architecture has {} layers: {})",
-                    names.len(),
-                    names.join(", ")
+                    "tensor `{name}` has shape {:?}, expected {shape:?}",
+                    t.shape
                 )));
             }
         }
-        let read = |name: &str, shape: &[usize]| -> Result<Vec<f32>, ArtifactError> {
-            let t = st
-                .tensor(name)
-                .map_err(|_| arch_err(format!("missing tensor `{name}` with shape {shape:?}")))?;
-            if t.dtype() != safetensors::Dtype::F32 {
-                return Err(arch_err(format!(
-                    "tensor `{name}` has dtype {:?}, expected F32",
-                    t.dtype()
-                )));
-            }
-            if t.shape() != shape {
-                return Err(arch_err(format!(
-                    "tensor `{name}` has shape {:?}, expected {shape:?}",
-                    t.shape()
-                )));
-            }
-            Ok(t.data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
-        };
         let mut layers = Vec::with_capacity(names.len());
         for (name, &(fan_in, fan_out)) in names.iter().zip(&shapes) {
-            let t = read(&format!("{name}.weight"), &[fan_out, fan_in])?;
-            let b = read(&format!("{name}.bias"), &[fan_out])?;
+            let t = tensors
+                .remove(&format!("{name}.weight"))
+                .expect("checked above")
+                .data;
+            let b = tensors
+                .remove(&format!("{name}.bias"))
+                .expect("checked above")
+                .data;
             let mut w = vec![0f32; t.len()];
             for o in 0..fan_out {
                 for i in 0..fan_in {
@@ -320,6 +389,76 @@ impl HostWeights {
             logvar_head,
         })
     }
+}
+
+/// A tensor on the host: its shape and f32 values, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// The shape (PyTorch's: `[out, in]` for a linear layer's weight).
+    pub shape: Vec<usize>,
+    /// The values, row-major.
+    pub data: Vec<f32>,
+}
+
+/// Layer names of a network with `n_hidden` backbone layers, in order: `backbone.0`,
+/// `backbone.2`, … — the indices `nn.Sequential(Linear, act, Linear, act, …)` gives its
+/// linear layers, the activations taking the odd ones — then `mean_head`, `logvar_head`. A
+/// kiln checkpoint loads into the obvious PyTorch module with `load_state_dict`.
+pub fn layer_names(n_hidden: usize) -> Vec<String> {
+    let mut v: Vec<String> = (0..n_hidden)
+        .map(|i| format!("backbone.{}", 2 * i))
+        .collect();
+    v.push("mean_head".into());
+    v.push("logvar_head".into());
+    v
+}
+
+/// Every tensor name of a network with `n_hidden` backbone layers (`<layer>.weight`,
+/// `<layer>.bias` for each of [`layer_names`]).
+pub fn expected_tensor_names(n_hidden: usize) -> Vec<String> {
+    layer_names(n_hidden)
+        .iter()
+        .flat_map(|n| [format!("{n}.weight"), format!("{n}.bias")])
+        .collect()
+}
+
+/// Whether every tensor name fits the pre-`nn.Sequential` numbering (`backbone.{i}`) or the
+/// heads, and at least one backbone name fits it but not the current numbering.
+fn fits_legacy(
+    tensors: &BTreeMap<String, HostTensor>,
+    legacy: &[String],
+    current: &[String],
+) -> bool {
+    let heads_or_legacy = |k: &String| {
+        legacy.contains(k) || (k.starts_with("mean_head.") || k.starts_with("logvar_head."))
+    };
+    tensors.keys().all(heads_or_legacy) && tensors.keys().any(|k| !current.contains(k))
+}
+
+/// `backbone.{i}.<rest>` → `backbone.{2i}.<rest>` (kiln's older numbering to the current one).
+fn legacy_to_current(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("backbone.")?;
+    let (index, tail) = rest.split_once('.')?;
+    let i: usize = index.parse().ok()?;
+    Some(format!("backbone.{}.{tail}", 2 * i))
+}
+
+/// Serialise named f32 tensors as a safetensors file (names sorted).
+pub fn tensors_to_safetensors(tensors: &BTreeMap<String, HostTensor>) -> Vec<u8> {
+    let bytes: Vec<(&String, Vec<u8>, &HostTensor)> = tensors
+        .iter()
+        .map(|(k, t)| (k, le_bytes(&t.data), t))
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
+        .iter()
+        .map(|(k, b, t)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, t.shape.clone(), b)
+                    .expect("consistent tensor view");
+            ((*k).clone(), view)
+        })
+        .collect();
+    safetensors::serialize(views, None).expect("serialising in-memory tensors")
 }
 
 fn le_bytes(v: &[f32]) -> Vec<u8> {
@@ -387,6 +526,10 @@ pub struct Manifest {
     /// Inference latency measured at the end of the run (added by the run registry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency: Option<serde_json::Value>,
+    /// The teacher(s) of a distilled model: run id, parameter count and directory of each
+    /// (absent for ordinary training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher: Option<serde_json::Value>,
     /// The seal: SHA-256 of the manifest's canonical form without this key
     /// ([`manifest_digest`]); set by [`seal`]. `None` in manifests of older kiln versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -770,6 +913,7 @@ mod tests {
             },
             config_sha256: "11".into(),
             latency: None,
+            teacher: None,
             manifest_sha256: None,
         };
         export(dest, manifest, &w).unwrap()
@@ -835,6 +979,82 @@ mod tests {
         tiny_export(&d.path().join("export"));
         assert!(!dead.exists(), "a killed export's temporary is removed");
         assert!(live.exists() && other.exists());
+    }
+
+    #[test]
+    fn backbone_layers_are_numbered_as_nn_sequential_and_old_files_still_load() {
+        let arch = RegressionNetConfig {
+            n_features: 3,
+            hidden: vec![4, 5, 6],
+            n_targets: 2,
+            activation: crate::config::Activation::Tanh,
+        };
+        let w = HostWeights::from_model(&arch.init::<Flex>(9, &Default::default()));
+        let bytes = w.to_safetensors();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut names = st.names();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "backbone.0.bias",
+                "backbone.0.weight",
+                "backbone.2.bias",
+                "backbone.2.weight",
+                "backbone.4.bias",
+                "backbone.4.weight",
+                "logvar_head.bias",
+                "logvar_head.weight",
+                "mean_head.bias",
+                "mean_head.weight",
+            ]
+        );
+        assert_eq!(st.tensor("backbone.2.weight").unwrap().shape(), &[5, 4]);
+        assert_eq!(st.tensor("backbone.4.weight").unwrap().shape(), &[6, 5]);
+        assert_eq!(st.tensor("mean_head.weight").unwrap().shape(), &[2, 6]);
+        // An older kiln's file numbers the backbone 0, 1, 2: it loads to the same weights.
+        let old: BTreeMap<String, HostTensor> = w
+            .to_tensors()
+            .into_iter()
+            .map(|(k, t)| {
+                let k = match k.strip_prefix("backbone.") {
+                    Some(rest) => {
+                        let (i, tail) = rest.split_once('.').unwrap();
+                        format!("backbone.{}.{tail}", i.parse::<usize>().unwrap() / 2)
+                    }
+                    None => k,
+                };
+                (k, t)
+            })
+            .collect();
+        assert!(old.contains_key("backbone.1.weight"));
+        let old_bytes = tensors_to_safetensors(&old);
+        let back = HostWeights::from_safetensors(&old_bytes, &arch, Path::new("m")).unwrap();
+        assert_eq!(back, w);
+        // … and so does an older checkpoint on disk (its manifest hashes the old file).
+        let d = tempfile::tempdir().unwrap();
+        let dest = d.path().join("export");
+        let mut m = tiny_export(&dest);
+        m.architecture = arch.clone();
+        m.features.push(m.features[0].clone());
+        m.targets.push(m.targets[0].clone());
+        m.weights.sha256 = sha256_hex(&old_bytes);
+        std::fs::write(dest.join(WEIGHTS_FILE), &old_bytes).unwrap();
+        write_manifest(&dest, &mut m).unwrap();
+        let ckpt = Checkpoint::load(&dest).unwrap();
+        assert_eq!(ckpt.weights, w);
+        // A file that fits neither numbering names what is missing and what is extra.
+        let mut odd = w.to_tensors();
+        let t = odd.remove("backbone.4.bias").unwrap();
+        odd.insert("backbone.5.bias".into(), t);
+        let e = HostWeights::from_safetensors(&tensors_to_safetensors(&odd), &arch, Path::new("m"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("missing tensor `backbone.4.bias` with shape [6]")
+                && e.contains("unexpected tensor `backbone.5.bias`"),
+            "{e}"
+        );
     }
 
     #[test]

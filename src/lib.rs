@@ -27,6 +27,7 @@ pub mod config;
 pub mod data;
 pub mod doctor;
 pub mod export;
+pub mod import;
 pub mod infer;
 pub mod model;
 pub mod observe;

@@ -94,6 +94,11 @@ enum Command {
         #[command(subcommand)]
         command: ExportCommand,
     },
+    /// Bring weights trained elsewhere into a kiln checkpoint.
+    Import {
+        #[command(subcommand)]
+        command: ImportCommand,
+    },
     /// Inspect experiment configs.
     Config {
         #[command(subcommand)]
@@ -244,6 +249,14 @@ enum ExportCommand {
 }
 
 #[derive(Subcommand)]
+enum ImportCommand {
+    /// A PyTorch `state_dict` saved as safetensors (`backbone.0`, `backbone.2`, …,
+    /// `mean_head`, `logvar_head`; `[out, in]` weights) → a kiln checkpoint that `kiln
+    /// predict`, `kiln serve` and every engine load.
+    Pytorch(cli::import::PytorchArgs),
+}
+
+#[derive(Subcommand)]
 enum DatasetCommand {
     /// Derive the player-season table from the Baseball Databank (byte-for-byte reproducible).
     Baseball {
@@ -328,6 +341,9 @@ fn run(cli: Cli) -> CliResult {
         Command::Export {
             command: ExportCommand::Onnx { checkpoint, out },
         } => cli::export::onnx(&checkpoint, &out),
+        Command::Import {
+            command: ImportCommand::Pytorch(a),
+        } => cli::import::pytorch(&a),
         Command::Profile { command } => match command {
             ProfileCommand::Infer(a) => cli::observe::profile_infer(&a),
             ProfileCommand::Diff { a, b, json } => cli::observe::profile_diff(&a, &b, json),

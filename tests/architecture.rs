@@ -20,7 +20,7 @@ fn level(top: &str) -> Option<u8> {
         "config" | "backend" => 1,
         "data" | "model" | "doctor" => 2,
         "train" | "artifact" => 3,
-        "infer" | "predict" | "bench" | "pick" | "export" => 4,
+        "infer" | "predict" | "bench" | "pick" | "export" | "import" => 4,
         "run" | "sweep" | "serve" => 5,
         "observe" => 0, // beside: checked separately
         "" => 6,        // lib.rs

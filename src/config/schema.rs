@@ -44,6 +44,9 @@ pub struct ExperimentConfig {
     /// Run registry settings.
     #[serde(default)]
     pub registry: RegistryConfig,
+    /// Distillation from a teacher (absent: ordinary training); see [`DistillConfig`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill: Option<DistillConfig>,
 }
 
 fn default_name() -> String {
@@ -363,6 +366,48 @@ pub enum Loss {
     /// Gaussian negative log-likelihood of the log-variance head; the mean is detached when
     /// the mean head is not trainable in the stage.
     GaussianNll,
+    /// Distillation, mean head: `α·MSE(μ, y) + (1 − α)·MSE(μ, μ_teacher)` (needs `distill`).
+    DistillMse,
+    /// Distillation, variance head: the Gaussian NLL's expectation under the teacher's
+    /// predictive distribution `N(μ_T, σ_T²)`, `½·(log σ² + ((μ_T − μ)² + σ_T²)/σ²)` (needs
+    /// `distill`); the mean is detached when the mean head is not trainable in the stage.
+    DistillNll,
+}
+
+impl Loss {
+    /// Whether the loss reads the teacher's predictions.
+    pub fn is_distill(self) -> bool {
+        matches!(self, Loss::DistillMse | Loss::DistillNll)
+    }
+}
+
+/// Distillation: the student (this config's network) learns from a teacher's predictions,
+/// computed once per run by the fastest inference engine (no autodiff). Several teachers form
+/// an ensemble whose predictive distribution is moment matched: mean `μ = avg μ_i`, variance
+/// `avg(σ_i² + μ_i²) − μ²`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DistillConfig {
+    /// Weight of the true targets in the `distill_mse` loss (`1 − alpha` goes to the
+    /// teacher's mean); in [0, 1].
+    #[serde(default = "default_alpha")]
+    pub alpha: f64,
+    /// Teacher checkpoints: export directories or run directories holding `export/`.
+    #[serde(default)]
+    pub checkpoints: Vec<PathBuf>,
+    /// Or a teacher experiment config: for each of `seeds` the latest finished run of it
+    /// (same effective config) under its `export.dir` is the teacher, trained first when
+    /// there is none.
+    #[serde(default)]
+    pub config: Option<PathBuf>,
+    /// Seeds of the teacher runs of `config` (empty: the config's own seed); three seeds make
+    /// an ensemble of three.
+    #[serde(default)]
+    pub seeds: Vec<u64>,
+}
+
+fn default_alpha() -> f64 {
+    0.5
 }
 
 /// AdamW hyper-parameters. The defaults are PyTorch's (`torch.optim.AdamW`): lr 1e-3,

@@ -24,7 +24,52 @@ impl ExperimentConfig {
         self.validate_model(&bad)?;
         self.validate_loader(&bad)?;
         self.validate_stages(&bad)?;
+        self.validate_distill(&bad)?;
         self.validate_runtime(&bad)
+    }
+
+    /// Check the distillation section: α in [0, 1], exactly one way to name the teacher, and
+    /// at least one stage that uses it.
+    fn validate_distill(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
+        let Some(d) = &self.distill else {
+            return Ok(());
+        };
+        if !(d.alpha.is_finite() && (0.0..=1.0).contains(&d.alpha)) {
+            return bad(
+                "distill.alpha".into(),
+                format!("expected 0 ≤ alpha ≤ 1, got {}", d.alpha),
+            );
+        }
+        match (d.checkpoints.is_empty(), &d.config) {
+            (true, None) => {
+                return bad(
+                    "distill".into(),
+                    "name the teacher: `checkpoints: [DIR, …]` or `config: FILE.yaml`".into(),
+                );
+            }
+            (false, Some(_)) => {
+                return bad(
+                    "distill".into(),
+                    "give either `checkpoints` or `config`, not both".into(),
+                );
+            }
+            _ => {}
+        }
+        if d.config.is_none() && !d.seeds.is_empty() {
+            return bad(
+                "distill.seeds".into(),
+                "seeds select runs of `distill.config`; with `checkpoints` list each teacher"
+                    .into(),
+            );
+        }
+        if !self.stages.iter().any(|s| s.loss.is_distill()) {
+            return bad(
+                "distill".into(),
+                "no stage uses the teacher: set a stage's loss to distill_mse or distill_nll"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// Check the name and the serving engine.
@@ -182,8 +227,21 @@ impl ExperimentConfig {
                     format!("expected 1..=1000000, got {}", s.epochs),
                 );
             }
+            if s.loss.is_distill() && self.distill.is_none() {
+                return bad(
+                    k("loss"),
+                    format!(
+                        "loss {} needs a top-level `distill:` section naming the teacher",
+                        if s.loss == Loss::DistillMse {
+                            "distill_mse"
+                        } else {
+                            "distill_nll"
+                        }
+                    ),
+                );
+            }
             match s.loss {
-                Loss::Mse => {
+                Loss::Mse | Loss::DistillMse => {
                     if !s.trainable.contains(&Part::MeanHead) {
                         return bad(
                             k("trainable"),
@@ -198,7 +256,7 @@ impl ExperimentConfig {
                         );
                     }
                 }
-                Loss::GaussianNll => {
+                Loss::GaussianNll | Loss::DistillNll => {
                     if !s.trainable.contains(&Part::LogvarHead) {
                         return bad(
                             k("trainable"),

@@ -19,6 +19,7 @@
 mod observer;
 #[cfg(any(feature = "registry", feature = "mlflow"))]
 mod observers;
+pub mod teacher;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -93,7 +94,9 @@ impl RunError {
             self,
             RunError::Resume { .. }
                 | RunError::Unsupported { .. }
-                | RunError::Train(TrainError::Data(_) | TrainError::Resume { .. })
+                | RunError::Train(
+                    TrainError::Data(_) | TrainError::Resume { .. } | TrainError::Distill(_)
+                )
         )
     }
 }
@@ -140,6 +143,7 @@ pub struct TrainingRun {
     options: RunOptions,
     started_at: String,
     observers: Vec<Box<dyn RunObserver>>,
+    teacher: std::sync::OnceLock<teacher::EngineTeacher>,
 }
 
 impl TrainingRun {
@@ -198,6 +202,7 @@ impl TrainingRun {
             options,
             started_at,
             observers: Vec::new(),
+            teacher: std::sync::OnceLock::new(),
         })
     }
 
@@ -272,6 +277,11 @@ impl TrainingRun {
     }
 
     fn train_and_measure(&self) -> Result<(TrainOutcome, Option<LatencyReport>), RunError> {
+        if let Some(d) = &self.loaded.config.distill {
+            let dirs = teacher::teacher_dirs(d, self.options.progress)?;
+            let t = teacher::EngineTeacher::load(&dirs, &self.loaded)?;
+            let _ = self.teacher.set(t);
+        }
         let job = TrainJob {
             hooks: Some(self),
             config: &self.loaded,
@@ -318,6 +328,9 @@ impl TrainHooks for TrainingRun {
         for o in &self.observers {
             o.on_export(run, dir);
         }
+    }
+    fn teacher(&self) -> Option<&dyn crate::train::Teacher> {
+        self.teacher.get().map(|t| t as &dyn crate::train::Teacher)
     }
 }
 
@@ -441,7 +454,7 @@ fn run_end(loaded: &LoadedConfig, o: &TrainOutcome, latency: Option<&LatencyRepo
         .config
         .stages
         .iter()
-        .position(|s| s.loss == Loss::Mse)
+        .position(|s| matches!(s.loss, Loss::Mse | Loss::DistillMse))
         .and_then(|i| o.stages.get(i))
         .map(|s| s.best_val_loss);
     RunEnd {

@@ -4,6 +4,7 @@
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 
+use super::distill::{normalised_predictions, side_by_side};
 use super::evaluate::{evaluate, predict_split, residual_correlation, residual_variance};
 use super::job::{TrainError, TrainOutcome, Trained, io_err, summarise};
 use super::session::Session;
@@ -43,6 +44,36 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             &const_var,
         );
         self.reporter.line(&report.table());
+        let teacher = job
+            .hooks
+            .and_then(|h| h.teacher())
+            .filter(|_| cfg.distill.is_some());
+        let teacher_report = match teacher {
+            Some(t) => {
+                let (m, sd) = t
+                    .predict(&data.test.x, data.test.rows())
+                    .map_err(TrainError::Distill)?;
+                let tp = normalised_predictions(&m, &sd, &prep.y_stats);
+                let r = evaluate(
+                    "test",
+                    &tp,
+                    &data.test,
+                    nf,
+                    &prep.y_stats,
+                    &prep.persistence_features(),
+                    &const_var,
+                );
+                self.reporter.line(&format!(
+                    "student {} parameters; teacher {}\n{}",
+                    arch.num_params(),
+                    t.describe(),
+                    side_by_side(&report, &r)
+                ));
+                Some(r)
+            }
+            None => None,
+        };
+        let teacher_info = teacher.map(|t| t.describe());
 
         let weights = HostWeights::from_model(&inner);
         let mut split = std::collections::BTreeMap::new();
@@ -64,12 +95,23 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             features: prep.x_stats.clone(),
             targets: prep.y_stats.clone(),
             residual_correlation: corr,
-            metrics: serde_json::json!({
-                "test": report,
-                "stages": stages,
-                "beats_all_baselines": report.beats_all(),
-                "bottleneck": verdict,
-            }),
+            metrics: {
+                let mut m = serde_json::json!({
+                    "test": report,
+                    "stages": stages,
+                    "beats_all_baselines": report.beats_all(),
+                    "bottleneck": verdict,
+                });
+                // The registry row keeps the metrics: the teacher goes there too.
+                if let (Some(info), Some(obj)) = (&teacher_info, m.as_object_mut()) {
+                    obj.insert("teacher".into(), info.clone());
+                    obj.insert(
+                        "teacher_test".into(),
+                        serde_json::to_value(&teacher_report).expect("report serialises"),
+                    );
+                }
+                m
+            },
             dataset: DatasetInfo {
                 path: cfg.data.path.display().to_string(),
                 sha256: data.sha256.clone(),
@@ -83,6 +125,7 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             },
             config_sha256: self.config_sha.clone(),
             latency: None,
+            teacher: teacher_info,
             manifest_sha256: None,
         };
         let export_dir = run.export_dir();

@@ -67,6 +67,9 @@ pub enum TrainError {
         /// The loss value.
         value: f64,
     },
+    /// The config distils from a teacher that is missing or does not answer.
+    #[error("distillation: {0}")]
+    Distill(String),
     /// `--resume` was given a run that cannot be continued.
     #[error("cannot resume {run}: {reason}")]
     Resume {
@@ -87,6 +90,10 @@ pub trait TrainHooks: Sync {
     fn on_stage_end(&self, _run: &RunDir, _index: usize, _name: &str) {}
     /// The checkpoint was exported (renamed into place) at `dir`.
     fn on_export(&self, _run: &RunDir, _dir: &Path) {}
+    /// The teacher of a distillation run (config `distill:`); the run layer provides it.
+    fn teacher(&self) -> Option<&dyn super::distill::Teacher> {
+        None
+    }
 }
 
 /// What a training run is asked to do.

@@ -5,9 +5,11 @@
 //! * `session`: the loop's parts — open (data, model, resume), stage, epoch, snapshot;
 //! * `finish`: the verdict, final evaluation and export;
 //! * [`stage`]: freezing, the stage's fresh AdamW, its loss; [`prepare`]: data and
-//!   normalisation fit on the training split.
+//!   normalisation fit on the training split; [`distill`]: the teacher and the distillation
+//!   losses.
 
 pub mod clip;
+pub mod distill;
 pub mod evaluate;
 mod finish;
 pub mod job;
@@ -19,6 +21,7 @@ pub mod stage;
 pub mod state;
 pub mod trainer;
 
+pub use distill::Teacher;
 pub use job::{StageSummary, TrainError, TrainHooks, TrainJob, TrainOutcome, Trained, summarise};
 pub use prepare::Prepared;
 pub use progress::ProgressMode;

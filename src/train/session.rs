@@ -20,6 +20,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 
 use super::clip::clip_global_norm;
+use super::distill::{distill_loss, widen_targets};
 use super::evaluate::{mse_normalised, nll_normalised, predict_split};
 use super::job::{TrainError, TrainJob, io_err};
 use super::prepare::Prepared;
@@ -105,14 +106,38 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             drop_last: cfg.loader.drop_last,
             seed: cfg.seed,
         };
+        let (train_y, train_y_aff) = match &cfg.distill {
+            None => (data.train.y.clone(), y_aff.clone()),
+            Some(d) => {
+                let teacher = job.hooks.and_then(|h| h.teacher()).ok_or_else(|| {
+                    TrainError::Distill(
+                        "the config has a `distill:` section but the trainer was given no teacher (train through kiln::run::TrainingRun, as `kiln train` does)"
+                            .into(),
+                    )
+                })?;
+                let rows = data.train.rows();
+                let (t_mean, t_std) = teacher
+                    .predict(&data.train.x, rows)
+                    .map_err(TrainError::Distill)?;
+                if t_mean.len() != rows * arch.n_targets || t_std.len() != t_mean.len() {
+                    return Err(TrainError::Distill(format!(
+                        "the teacher answered {} means and {} standard deviations for {rows} rows × {} targets",
+                        t_mean.len(),
+                        t_std.len(),
+                        arch.n_targets
+                    )));
+                }
+                reporter.line(&format!(
+                    "distillation: teacher predictions for {rows} training rows, alpha {}",
+                    d.alpha
+                ));
+                let (wide, stats) = widen_targets(&data.train.y, &t_mean, &t_std, &prep.y_stats);
+                (wide, Affine::new(&stats))
+            }
+        };
         let source = Arc::new(
-            BatchSource::new(
-                data.train.x.clone(),
-                data.train.y.clone(),
-                x_aff.clone(),
-                y_aff.clone(),
-            )
-            .with_transform_passes(cfg.data.transform_passes),
+            BatchSource::new(data.train.x.clone(), train_y, x_aff.clone(), train_y_aff)
+                .with_transform_passes(cfg.data.transform_passes),
         );
         let loader = Loader::new(source, spec);
         let mut model: RegressionNet<B> = arch.init(cfg.seed, device);
@@ -286,6 +311,13 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         let device = self.device.clone();
         let trainable = part_param_ids(&self.model, &stage.trainable);
         let mean_trainable = stage.trainable.contains(&Part::MeanHead);
+        let alpha = self
+            .job
+            .config
+            .config
+            .distill
+            .as_ref()
+            .map_or(1.0, |d| d.alpha);
         let epoch = self.progress.epoch;
         let n_batches = self.loader.batches_per_epoch();
         self.reporter
@@ -319,7 +351,9 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             let (x, y) = {
                 let _s = crate::prof_span!("h2d", shape = ?[rows, nf]).entered();
                 let x = Tensor::<B, 2>::from_data(TensorData::new(batch.x, [rows, nf]), &device);
-                let y = Tensor::<B, 2>::from_data(TensorData::new(batch.y, [rows, nt]), &device);
+                // `nt` targets, or `3·nt` with a teacher's predictions beside them.
+                let ny = batch.y.len() / rows.max(1);
+                let y = Tensor::<B, 2>::from_data(TensorData::new(batch.y, [rows, ny]), &device);
                 profiler::sync::<B>(&device);
                 (x, y)
             };
@@ -331,7 +365,11 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             };
             let (loss, loss_value) = {
                 let _s = crate::prof_span!("loss").entered();
-                let loss = stage_loss(stage.loss, mean_trainable, out, y);
+                let loss = if y.dims()[1] > nt {
+                    distill_loss(stage.loss, alpha, mean_trainable, out, y)
+                } else {
+                    stage_loss(stage.loss, mean_trainable, out, y)
+                };
                 let v: f64 = loss.clone().into_scalar().elem::<f64>();
                 (loss, v)
             };
@@ -407,9 +445,14 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             let data = &self.prep.data;
             let inner = self.model.valid();
             let vpred = predict_split(&inner, &data.validation.x, &self.x_aff, &device);
+            // Against the true targets, also in distillation stages.
             match stage.loss {
-                Loss::Mse => mse_normalised(&vpred, &data.validation.y, &self.y_aff),
-                Loss::GaussianNll => nll_normalised(&vpred, &data.validation.y, &self.y_aff),
+                Loss::Mse | Loss::DistillMse => {
+                    mse_normalised(&vpred, &data.validation.y, &self.y_aff)
+                }
+                Loss::GaussianNll | Loss::DistillNll => {
+                    nll_normalised(&vpred, &data.validation.y, &self.y_aff)
+                }
             }
         };
         let validation_s = tv.elapsed().as_secs_f64();

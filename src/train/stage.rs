@@ -62,7 +62,9 @@ pub fn adamw(stage: &StageConfig) -> AdamWConfig {
         .with_weight_decay(o.weight_decay as f32)
 }
 
-/// The stage's loss on a batch (normalised units).
+/// The stage's loss on a batch (normalised units). The distillation losses, given no teacher
+/// targets (`y` is `rows × k`), reduce to their true-target parts: MSE and Gaussian NLL (see
+/// [`super::distill::distill_loss`] for the real thing).
 pub fn stage_loss<B: Backend>(
     loss: Loss,
     mean_trainable: bool,
@@ -70,8 +72,8 @@ pub fn stage_loss<B: Backend>(
     y: Tensor<B, 2>,
 ) -> Tensor<B, 1> {
     match loss {
-        Loss::Mse => (out.mean - y).powi_scalar(2).mean(),
-        Loss::GaussianNll => {
+        Loss::Mse | Loss::DistillMse => (out.mean - y).powi_scalar(2).mean(),
+        Loss::GaussianNll | Loss::DistillNll => {
             let mean = if mean_trainable {
                 out.mean
             } else {
