@@ -304,9 +304,10 @@ struct PredictArgs {
     /// Output CSV (stdout when absent). Written atomically.
     #[arg(long)]
     output: Option<PathBuf>,
-    /// Inference engine: `burn` (the Burn module itself, bit-exact with training) or one of
-    /// the serving engines (`fused`, `int8`, …; `fused` agrees within 1e-5).
-    #[arg(long, default_value = "burn")]
+    /// Inference engine: `auto` (the fastest serving engine on this CPU whose accuracy bound
+    /// holds, timed at load), `burn` (the Burn module itself, bit-exact with training) or one
+    /// of the serving engines (`fused`, `int8`, …; `fused` agrees within 1e-5).
+    #[arg(long, default_value = "auto")]
     engine: String,
 }
 

@@ -19,8 +19,8 @@ use kiln::backend::Cpu;
 use kiln::config::{self, Activation};
 use kiln::infer::int8::{INT8_ABS_TOL, INT8_REL_TOL};
 use kiln::infer::{
-    BurnEngine, Engine, FusedEngine, HeadOutput, InferError, Int8Engine, Isa, build_engine,
-    engine_names, reference_weights, seeded_weights,
+    AutoEngine, BurnEngine, Engine, FusedEngine, HeadOutput, InferError, Int8Engine, Isa,
+    build_engine, engine_names, reference_weights, seeded_weights,
 };
 use kiln::model::RegressionNetConfig;
 use kiln::predict::int8_accuracy_report;
@@ -225,7 +225,7 @@ fn engines_reuse_buffers_and_reject_bad_shapes() {
 #[test]
 fn fused_and_int8_do_not_allocate_after_warm_up() {
     let w = reference_weights(11);
-    for name in ["fused", "int8"] {
+    for name in ["fused", "int8", "auto"] {
         let mut e = build_engine(name, &w, 1).unwrap();
         let batches = [1, 32, 1024, 77];
         e.warm_up(&batches).unwrap();
@@ -251,7 +251,7 @@ fn fused_and_int8_do_not_allocate_after_warm_up() {
 #[test]
 fn engines_are_built_by_name() {
     let w = reference_weights(1);
-    for name in ["burn", "burn-ndarray", "fused", "int8"] {
+    for name in ["burn", "burn-ndarray", "fused", "int8", "auto"] {
         assert!(engine_names().contains(&name));
         let e = build_engine(name, &w, 0).unwrap();
         assert_eq!(e.name(), name);
@@ -270,6 +270,85 @@ fn engines_are_built_by_name() {
         panic!("inconsistent weights accepted")
     };
     assert!(matches!(err, InferError::InvalidWeights(_)), "{err}");
+}
+
+// ---- auto ----------------------------------------------------------------------------------
+
+#[test]
+fn auto_answers_every_batch_size_exactly_as_the_engine_it_chose_for_its_bucket() {
+    for (seed, arch) in [
+        (21, RegressionNetConfig::reference()),
+        (22, archs()[2].clone()),
+    ] {
+        let w = seeded_weights(&arch, seed);
+        let nf = w.arch.n_features;
+        let buckets = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+        let mut auto = AutoEngine::new(&w, 1).unwrap();
+        auto.warm_up(&buckets).unwrap();
+        // A fresh measurement too (not this process's cached one): the timing runs.
+        auto.select(&buckets, true).unwrap();
+        let choice = auto.choice().clone();
+        eprintln!("{:?}: {}", w.arch.hidden, choice.summary());
+        assert_eq!(choice.candidates[0], "fused");
+        // int8's documented bound holds for these seeded networks, so it is a candidate.
+        assert!(
+            choice.candidates.contains(&"int8".to_string()),
+            "{:?}",
+            choice.rejected
+        );
+        assert_eq!(
+            choice.buckets.iter().map(|b| b.batch).collect::<Vec<_>>(),
+            buckets
+        );
+        assert!(choice.selection_ms > 0.0);
+        for b in &choice.buckets {
+            assert!(choice.candidates.contains(&b.engine), "{b:?}");
+            if b.measured {
+                assert_eq!(b.median_us.len(), choice.candidates.len(), "{b:?}");
+                assert!(b.median_us.iter().all(|&m| m > 0.0), "{b:?}");
+            }
+        }
+        assert_eq!(auto.auto_choice(), Some(&choice));
+        // Every call goes to its bucket's engine: the smallest bucket ≥ rows, else the largest.
+        for rows in [1, 2, 3, 5, 7, 8, 9, 31, 33, 100, 1000, 1024, 1500] {
+            let x = inputs(rows, nf, 500 + rows as u64);
+            let want_engine = buckets
+                .iter()
+                .position(|&b| b >= rows)
+                .map_or(&choice.buckets[buckets.len() - 1], |i| &choice.buckets[i])
+                .engine
+                .clone();
+            assert_eq!(choice.engine_for(rows), want_engine);
+            let got = run(&mut auto, &x, rows);
+            let want = run(
+                build_engine(&want_engine, &w, 1).unwrap().as_mut(),
+                &x,
+                rows,
+            );
+            assert_eq!(got, want, "auto at batch {rows} vs {want_engine}");
+        }
+        let err = auto.forward(&vec![0.0; nf + 1], 1, &mut HeadOutput::default());
+        assert!(matches!(err, Err(InferError::Shape { .. })), "{err:?}");
+        // The serving tier reads the same choice back for these weights.
+        assert_eq!(kiln::infer::auto::last_choice(&w).as_ref(), Some(&choice));
+        let lines = choice.prometheus_lines("m\"x");
+        assert_eq!(lines.lines().count(), buckets.len(), "{lines}");
+        assert!(
+            lines.contains(&format!(
+                "kiln_auto_engine_choice{{model=\"m\\\"x\",bucket=\"1\",engine=\"{}\"}} 1",
+                choice.buckets[0].engine
+            )),
+            "{lines}"
+        );
+    }
+    // Other engines have no choice to show.
+    let w = reference_weights(21);
+    assert!(
+        build_engine("fused", &w, 1)
+            .unwrap()
+            .auto_choice()
+            .is_none()
+    );
 }
 
 #[cfg(feature = "cuda")]

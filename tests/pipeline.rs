@@ -162,6 +162,8 @@ fn train_export_load_predict_round_trip() {
         input.to_str().unwrap(),
         "--output",
         out_path.to_str().unwrap(),
+        "--engine",
+        "burn",
     ]);
     assert!(
         out.status.success(),

@@ -348,7 +348,7 @@ fn a_real_engine_split_is_flagged_and_attributed_to_its_cause() {
         text.contains("export.engine: null (peer) → burn (flagged)"),
         "{text}"
     );
-    assert!(text.contains("A on fused, B on burn"), "{text}");
+    assert!(text.contains("A on auto, B on burn"), "{text}");
     // The burn engine's module spans exist only on the flagged side.
     let module_line = text
         .lines()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::artifact::Checkpoint;
-use crate::infer::{InferError, build_engine, engine_names};
+use crate::infer::{InferError, build_engine};
 use crate::predict::{Prediction, Predictor};
 use crate::rng::SplitMix64;
 use crate::util::percentile;
@@ -46,13 +46,10 @@ impl LatencyReport {
     }
 }
 
-/// The engine the serving tier uses by default (`fused` when built, else `burn`).
+/// The engine the serving tier uses by default: `auto` (the fastest CPU engine per batch
+/// size, see `kiln::infer::auto`).
 pub fn serving_engine() -> &'static str {
-    if engine_names().contains(&"fused") {
-        "fused"
-    } else {
-        "burn"
-    }
+    crate::infer::auto::AUTO
 }
 
 /// Measure `ckpt` on `engine` at each batch size: `warmup` untimed calls, then timed calls

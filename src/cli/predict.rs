@@ -11,6 +11,9 @@ use kiln::predict::{PredictError, Predictor, predict_csv, write_output};
 pub fn run(checkpoint: &Path, input: &Path, output: Option<&Path>, engine: &str) -> CliResult {
     let ckpt = Checkpoint::load(checkpoint).map_err(CliError::input)?;
     let engine = build_engine(engine, &ckpt.weights, 1).map_err(CliError::input)?;
+    if let Some(choice) = engine.auto_choice() {
+        eprintln!("{}", choice.summary());
+    }
     let mut predictor = Predictor::for_checkpoint(&ckpt, engine);
     let (text, rows) = predict_csv(
         &mut predictor,

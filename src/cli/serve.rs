@@ -36,7 +36,8 @@ pub struct ServeArgs {
     /// Port (0: any free port; the chosen one is printed).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Inference engine for regression models (default: `fused` when built, else `burn`).
+    /// Inference engine for regression models (default: `auto`, the fastest CPU engine per
+    /// batch-size bucket, timed at load; `fused`, `int8`, … force one).
     #[arg(long)]
     pub engine: Option<String>,
     /// Inference instances per model, each owning an engine.

@@ -516,7 +516,7 @@ pub struct ExportConfig {
     #[serde(default = "default_out_dir")]
     pub dir: PathBuf,
     /// The inference engine the serving tier will run this model on; the latency logged at
-    /// the end of every run is measured on it (`null`: the default serving engine, `fused`).
+    /// the end of every run is measured on it (`null`: the default serving engine, `auto`).
     #[serde(default)]
     pub engine: Option<String>,
 }

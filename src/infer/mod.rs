@@ -9,6 +9,7 @@
 //! | `burn`, `burn-ndarray` | the Burn module, no autodiff, Flex / NdArray | — |
 //! | `fused` | [`FusedEngine`]: compiled once into an allocation-free plan; register-blocked AVX-512 / AVX2 / portable kernels | ≤ 1e-5 absolute |
 //! | `int8` | [`Int8Engine`]: int8 weights per channel, int8 activations per row, i32 dot products (AVX-512 VNNI) | `int8::INT8_ABS_TOL` + `int8::INT8_REL_TOL` × abs(y) |
+//! | `auto` | [`AutoEngine`]: per batch-size bucket, the fastest of `fused` and `int8` (when int8's bound holds for the checkpoint), timed at load | that of the chosen engine (bit for bit) |
 //! | `cuda-bf16`, `cuda-f32` | `cuda::CudaEngine` (feature `cuda`): Burn's CUDA backend, every batch bucket warmed up at build | ≤ 1e-2 relative |
 //!
 //! Build one by name with [`build_engine`]; [`reference_weights`] gives the benchmarks'
@@ -21,12 +22,14 @@ use crate::artifact::HostWeights;
 use crate::model::{RegressionNet, RegressionNetConfig};
 
 pub(crate) mod act;
+pub mod auto;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fused;
 pub mod int8;
 
 pub use crate::simd::Isa;
+pub use auto::{AutoChoice, AutoEngine};
 pub use fused::FusedEngine;
 pub use int8::{Int8AccuracyReport, Int8Engine, int8_accuracy_on};
 
@@ -93,6 +96,10 @@ pub trait Engine: Send {
             self.forward(&x, rows, &mut out)?;
         }
         Ok(())
+    }
+    /// What an [`AutoEngine`] chose per batch-size bucket (`None` for every other engine).
+    fn auto_choice(&self) -> Option<&AutoChoice> {
+        None
     }
 }
 
@@ -184,6 +191,8 @@ pub fn cpu_engine_names() -> Vec<&'static str> {
 ///   backends manage their own threads; `threads` is ignored);
 /// * `fused`: [`FusedEngine`], the compiled f32 plan (≤ 1e-5 absolute of `burn`);
 /// * `int8`: [`Int8Engine`], per-channel int8 weights, per-row dynamic int8 activations;
+/// * `auto`: [`AutoEngine`], per batch-size bucket the fastest of the above compiled engines
+///   whose accuracy bound holds for `weights`, timed at build and again at `warm_up`;
 /// * `cuda-bf16`, `cuda-f32` (feature `cuda`): Burn's CUDA backend, warmed up at build for
 ///   every batch bucket; [`InferError::Unavailable`] without a usable GPU.
 pub fn build_engine(
@@ -204,6 +213,7 @@ pub fn build_engine(
         ))),
         "fused" => Ok(Box::new(FusedEngine::new(weights, threads)?)),
         "int8" => Ok(Box::new(Int8Engine::new(weights, threads)?)),
+        auto::AUTO => Ok(Box::new(AutoEngine::new(weights, threads)?)),
         #[cfg(feature = "cuda")]
         "cuda-bf16" => Ok(Box::new(cuda::CudaEngine::<crate::backend::CudaBf16>::new(
             weights,

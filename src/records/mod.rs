@@ -16,10 +16,15 @@ pub const CPU_ENGINES: [&str; 4] = ["burn", "burn-ndarray", "fused", "int8"];
 /// The CUDA inference engines (built with the `cuda` feature).
 pub const CUDA_ENGINES: [&str; 2] = ["cuda-bf16", "cuda-f32"];
 
-/// Engine names this build knows: the CPU engines, then (with the `cuda` feature) the CUDA
-/// ones. A name listed here may still be unavailable on this machine (no GPU).
+/// The engine that picks the fastest CPU engine per batch size at load (`kiln::infer::auto`):
+/// the default of `kiln serve`, `kiln predict` and `export.engine: null`.
+pub const AUTO_ENGINE: &str = "auto";
+
+/// Engine names this build knows: the CPU engines, `auto`, then (with the `cuda` feature) the
+/// CUDA ones. A name listed here may still be unavailable on this machine (no GPU).
 pub fn engine_names() -> Vec<&'static str> {
     let mut v = CPU_ENGINES.to_vec();
+    v.push(AUTO_ENGINE);
     if cfg!(feature = "cuda") {
         v.extend(CUDA_ENGINES);
     }

@@ -185,14 +185,47 @@ async fn server_metadata() -> Response {
 }
 
 async fn metrics(State(s): Shared) -> Response {
+    let mut body = s.metrics.render();
+    body.push_str(&auto_engine_metrics(&s));
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(),
+        body,
     )
         .into_response()
+}
+
+/// `kiln_auto_engine_choice` lines for the models served on the `auto` engine.
+fn auto_engine_metrics(s: &AppState) -> String {
+    let cfg = s.repo.config();
+    if cfg.engine != crate::infer::auto::AUTO {
+        return String::new();
+    }
+    let (threads, buckets) = (
+        cfg.batcher.threads_per_instance,
+        super::model::buckets(cfg.batcher.max_batch_size),
+    );
+    let mut names = s.repo.names();
+    names.sort();
+    let lines: String = names
+        .iter()
+        .filter_map(|n| {
+            let choice = s
+                .repo
+                .get(n)?
+                .current()?
+                .spec
+                .auto_choice(threads, &buckets)?;
+            Some(choice.prometheus_lines(n))
+        })
+        .collect();
+    if lines.is_empty() {
+        lines
+    } else {
+        format!("{}{lines}", crate::infer::auto::PROMETHEUS_HEADER)
+    }
 }
 
 /// A failed model lookup.
@@ -351,6 +384,12 @@ fn config_for(s: &AppState, name: &str, v: Option<&str>) -> Response {
         },
         "instance_group": [{"count": b.instances, "kind": "KIND_CPU", "threads": b.threads_per_instance}],
         "engine": cfg.engine,
+        "engine_choice": (cfg.engine == crate::infer::auto::AUTO)
+            .then(|| {
+                let buckets = super::model::buckets(b.max_batch_size);
+                lv.spec.auto_choice(b.threads_per_instance, &buckets)
+            })
+            .flatten(),
         "version": lv.version,
         "kiln": lv.spec.describe(),
     }))

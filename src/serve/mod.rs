@@ -129,15 +129,10 @@ pub enum ServeError {
     },
 }
 
-/// The default engine: `fused` where this build has it, else `burn`.
+/// The default engine: `auto` (the fastest CPU engine per batch-size bucket, timed at load;
+/// see `kiln::infer::auto`).
 pub fn default_engine() -> String {
-    let names = crate::infer::engine_names();
-    if names.contains(&"fused") {
-        "fused"
-    } else {
-        "burn"
-    }
-    .to_string()
+    crate::infer::auto::AUTO.to_string()
 }
 
 fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {

@@ -48,6 +48,23 @@ impl ModelSpec {
     }
 }
 
+impl ModelSpec {
+    /// What the `auto` engine chose for this model's network in this process at `threads`
+    /// per call and these `buckets` (`None` for a pick model, or before that selection).
+    pub fn auto_choice(
+        &self,
+        threads: usize,
+        buckets: &[usize],
+    ) -> Option<crate::infer::AutoChoice> {
+        match &self.kind {
+            ModelKind::Regression(c) => {
+                crate::infer::auto::choice_for(&c.weights, threads, buckets)
+            }
+            ModelKind::Pick(_) => None,
+        }
+    }
+}
+
 /// The model-configuration fields of a regression model.
 pub(super) fn describe(c: &Checkpoint) -> Value {
     json!({
@@ -96,6 +113,11 @@ pub(super) fn build(
 ) -> Result<Box<dyn Instance>, LoadError> {
     let mut e = build_engine(engine, &c.weights, threads)?;
     e.warm_up(buckets)?;
+    if engine == "int8"
+        && let Some(note) = crate::infer::auto::int8_notice_once(&c.weights, threads, buckets)?
+    {
+        tracing::warn!("{note}");
+    }
     let pad = e.name().starts_with("cuda");
     Ok(Box::new(RegressionInstance {
         predictor: Predictor::new(e, &c.manifest.features, &c.manifest.targets),
