@@ -9,6 +9,7 @@ pub mod mvn;
 pub mod observe;
 pub mod pick;
 pub mod predict;
+pub mod promote;
 pub mod runs;
 pub mod serve;
 pub mod sweep;
