@@ -735,10 +735,13 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         ));
     }
     let g = &opts.gates;
-    if !(g.max_latency_ratio.is_finite() && g.max_latency_ratio > 0.0)
-        || !(g.max_mse_increase.is_finite() && g.max_mse_increase >= 0.0)
-        || !(g.max_nll_increase.is_finite() && g.max_nll_increase >= 0.0)
-    {
+    let valid = g.max_latency_ratio.is_finite()
+        && g.max_latency_ratio > 0.0
+        && g.max_mse_increase.is_finite()
+        && g.max_mse_increase >= 0.0
+        && g.max_nll_increase.is_finite()
+        && g.max_nll_increase >= 0.0;
+    if !valid {
         return Err(PromoteError::Invalid(format!(
             "gate thresholds must be finite and non-negative (latency ratio positive): {g:?}"
         )));

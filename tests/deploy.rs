@@ -108,7 +108,8 @@ fn invocations(container: &Value) -> Vec<Vec<String>> {
         let w = words(line);
         let mut i = 0;
         while i < w.len() {
-            if w[i].trim_start_matches("$(") == "kiln" {
+            // `kiln …`, `exec kiln …` or `x=$(kiln …)`.
+            if w[i] == "kiln" || w[i].ends_with("$(kiln") {
                 let mut inv = Vec::new();
                 for t in &w[i + 1..] {
                     i += 1;
@@ -348,7 +349,7 @@ fn ports_probes_and_the_drain_agree_with_the_server() {
         c["resources"]["requests"]["cpu"].is_string(),
         "HPA on CPU needs a request"
     );
-    // Grace ≥ preStop + the longest request the drain waits for + 1 s.
+    // Grace > preStop + the longest request the drain waits for.
     let pre_stop: u64 = c["lifecycle"]["preStop"]["exec"]["command"][1]
         .as_str()
         .unwrap()
@@ -362,7 +363,7 @@ fn ports_probes_and_the_drain_agree_with_the_server() {
         .as_u64()
         .unwrap();
     assert!(
-        grace >= pre_stop + request_ms.div_ceil(1000) + 1,
+        grace > pre_stop + request_ms.div_ceil(1000),
         "grace {grace} s < preStop {pre_stop} s + request timeout {request_ms} ms"
     );
     let kserve = k8s("kserve-inferenceservice.yaml");
