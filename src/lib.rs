@@ -33,6 +33,8 @@ pub mod model;
 pub mod observe;
 pub mod pick;
 pub mod predict;
+#[cfg(feature = "registry")]
+pub mod promote;
 pub mod records;
 pub mod rng;
 pub mod run;

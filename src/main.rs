@@ -124,6 +124,9 @@ enum Command {
     Serve(cli::serve::ServeArgs),
     /// Load-test a kiln (or any OIP v2) server on loopback.
     Loadtest(cli::loadtest::LoadtestArgs),
+    /// Promote a run's checkpoint into a model repository if it is no worse than the served
+    /// version (test quality and latency, measured now); exit 3 when refused.
+    Promote(cli::promote::PromoteArgs),
 }
 
 #[derive(Subcommand)]
@@ -434,6 +437,7 @@ fn run(cli: Cli) -> CliResult {
         },
         Command::Serve(a) => cli::serve::run(&a),
         Command::Loadtest(a) => cli::loadtest::run(&a),
+        Command::Promote(a) => cli::promote::run(&a),
     }
 }
 

@@ -11,6 +11,7 @@ pub mod mvn;
 pub mod observe;
 pub mod pick;
 pub mod predict;
+pub mod promote;
 pub mod runs;
 pub mod serve;
 pub mod sweep;

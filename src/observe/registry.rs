@@ -89,7 +89,46 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE epochs ADD COLUMN data_wait_s REAL;
     ALTER TABLE epochs ADD COLUMN compute_s REAL;
     ALTER TABLE epochs ADD COLUMN validation_s REAL;",
+    // v3: `kiln promote` decisions (self-contained: one table, one index).
+    "CREATE TABLE promotions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at TEXT NOT NULL,
+        repository TEXT NOT NULL,
+        model TEXT NOT NULL,
+        candidate TEXT NOT NULL,
+        run_id TEXT,
+        incumbent_version INTEGER,
+        version INTEGER,
+        decision TEXT NOT NULL,
+        details TEXT NOT NULL
+    );
+    CREATE INDEX promotions_model ON promotions(model, id);",
 ];
+
+/// One `kiln promote` decision as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromotionRow {
+    /// Row id (ignored when recording).
+    pub id: i64,
+    /// When it was decided (RFC 3339).
+    pub at: String,
+    /// The model repository root.
+    pub repository: String,
+    /// The model name.
+    pub model: String,
+    /// The candidate's export directory.
+    pub candidate: String,
+    /// The run that produced the candidate.
+    pub run_id: Option<String>,
+    /// The served version it was compared with.
+    pub incumbent_version: Option<i64>,
+    /// The version written (None when refused).
+    pub version: Option<i64>,
+    /// `promoted` or `refused`.
+    pub decision: String,
+    /// The numbers: checks, measurements, gates (JSON).
+    pub details: serde_json::Value,
+}
 
 /// A run as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -539,6 +578,60 @@ impl Registry {
                     .join(", "),
             )),
         }
+    }
+
+    /// Record a promotion decision; returns its row id.
+    pub fn record_promotion(&self, p: &PromotionRow) -> Result<i64, RegistryError> {
+        self.conn
+            .execute(
+                "INSERT INTO promotions (at, repository, model, candidate, run_id,
+                     incumbent_version, version, decision, details)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    p.at,
+                    p.repository,
+                    p.model,
+                    p.candidate,
+                    p.run_id,
+                    p.incumbent_version,
+                    p.version,
+                    p.decision,
+                    p.details.to_string(),
+                ],
+            )
+            .map_err(self.err())?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Promotion decisions, oldest first; of one model when `model` is given.
+    pub fn promotions(&self, model: Option<&str>) -> Result<Vec<PromotionRow>, RegistryError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT id, at, repository, model, candidate, run_id, incumbent_version, version,
+                        decision, details
+                 FROM promotions WHERE ?1 IS NULL OR model = ?1 ORDER BY id",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([model], |r| {
+                Ok(PromotionRow {
+                    id: r.get(0)?,
+                    at: r.get(1)?,
+                    repository: r.get(2)?,
+                    model: r.get(3)?,
+                    candidate: r.get(4)?,
+                    run_id: r.get(5)?,
+                    incumbent_version: r.get(6)?,
+                    version: r.get(7)?,
+                    decision: r.get(8)?,
+                    details: json_col(r.get(9)?).unwrap_or(serde_json::Value::Null),
+                })
+            })
+            .map_err(self.err())?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.err())?;
+        Ok(rows)
     }
 
     /// A run's epochs in order.

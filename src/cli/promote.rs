@@ -1,0 +1,107 @@
+//! `kiln promote RUN_OR_EXPORT --repository DIR --model NAME`: the gate between a retraining
+//! run and the model repository `kiln serve` polls (behaviour in `kiln::promote`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{CliError, CliResult};
+use kiln::promote::{Gates, PromoteOptions, parse_fraction, promote};
+
+/// Compare a candidate checkpoint with the version served from `DIR/NAME/` (the highest that
+/// loads) on the candidate config's test split and on the same latency benchmark (same
+/// engine, this machine, now, interleaved), and promote it only if both gates pass: no
+/// target's test MSE worse by more than --max-mse-increase, the mean test NLL no worse by
+/// more than --max-nll-increase, and the median latency at batch 1 and 128 below
+/// --max-latency-ratio times the served one's. A promoted candidate is written to
+/// `DIR/NAME/<next>/` atomically (a polling server never sees part of it). The decision and
+/// its numbers are printed and recorded in the run registry's `promotions` table.
+///
+/// Exit codes: 0 promoted (or would be, with --dry-run), 3 refused, 2 bad input, 1 failure.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PromoteArgs {
+    /// The candidate: a run directory (with `export/` and `config.yaml`) or an export directory.
+    #[arg(value_name = "RUN_OR_EXPORT")]
+    pub candidate: PathBuf,
+    /// The model repository served by `kiln serve --repository DIR`.
+    #[arg(long, value_name = "DIR")]
+    pub repository: PathBuf,
+    /// The model's name: versions live in `DIR/NAME/<version>/`.
+    #[arg(long, value_name = "NAME")]
+    pub model: String,
+    /// The config whose data and test split to compare on (default: the run's config.yaml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Engine to measure both models with (default: the serving default).
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Largest allowed increase of any target's test MSE: `5%` or `0.05`.
+    #[arg(long, default_value = "5%", value_parser = parse_fraction, value_name = "FRACTION")]
+    pub max_mse_increase: f64,
+    /// Largest allowed increase of the mean test Gaussian NLL (nats per value).
+    #[arg(long, default_value_t = 0.05, value_name = "NATS")]
+    pub max_nll_increase: f64,
+    /// Refused when the candidate's median latency is this many times the served one's or
+    /// more, at batch 1 or 128.
+    #[arg(long, default_value_t = 1.5, value_name = "RATIO")]
+    pub max_latency_ratio: f64,
+    /// Timed milliseconds per model and batch size.
+    #[arg(long, default_value_t = 400, value_name = "MS")]
+    pub latency_ms: u64,
+    /// Measure and compare only: write no version and record nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// After promoting keep the N newest versions (the served and the new one always stay).
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Run registry (SQLite) to record the decision in (default: the config's).
+    #[arg(long, value_name = "FILE")]
+    pub registry: Option<PathBuf>,
+    /// Print the decision as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run the gate and print the decision.
+pub fn run(a: &PromoteArgs) -> CliResult {
+    let opts = PromoteOptions {
+        config: a.config.clone(),
+        engine: a.engine.clone(),
+        gates: Gates {
+            max_mse_increase: a.max_mse_increase,
+            max_nll_increase: a.max_nll_increase,
+            max_latency_ratio: a.max_latency_ratio,
+        },
+        latency_budget: Duration::from_millis(a.latency_ms.max(1)),
+        dry_run: a.dry_run,
+        keep: a.keep,
+        registry: a.registry.clone(),
+        ..PromoteOptions::new(&a.candidate, &a.repository, &a.model)
+    };
+    let p = promote(&opts).map_err(|e| {
+        if e.is_input() {
+            CliError::input(e)
+        } else {
+            CliError::from(e)
+        }
+    })?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&p).expect("promotion serialises")
+        );
+    } else {
+        print!("{}", p.report());
+    }
+    if p.decision.promoted {
+        Ok(())
+    } else {
+        Err(CliError {
+            code: 3,
+            error: anyhow::anyhow!(
+                "promotion of {} refused: {}",
+                p.candidate.display(),
+                p.decision.reasons().join("; ")
+            ),
+        })
+    }
+}
