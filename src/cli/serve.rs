@@ -74,6 +74,26 @@ pub struct ServeArgs {
     /// Most header fields in a request; more are answered 431.
     #[arg(long, default_value_t = 100)]
     pub max_headers: usize,
+    /// Port of the KServe v2 gRPC endpoint on --host (Triton's default 8001; 0: any free
+    /// port, printed; `off`: no gRPC).
+    #[arg(long, default_value = "8001", value_name = "PORT|off")]
+    pub grpc_port: GrpcPort,
+}
+
+/// `--grpc-port`: a port, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcPort(pub Option<u16>);
+
+impl std::str::FromStr for GrpcPort {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" | "none" => Ok(GrpcPort(None)),
+            _ => s.parse::<u16>().map(|p| GrpcPort(Some(p))).map_err(|_| {
+                format!("`{s}` is not a port; expected 0 to 65535 (0: any free port) or `off`")
+            }),
+        }
+    }
 }
 
 impl ServeArgs {
@@ -103,6 +123,7 @@ impl ServeArgs {
                 max_connections: self.max_connections,
                 max_headers: self.max_headers,
             },
+            grpc_port: self.grpc_port.0,
         }
     }
 }
@@ -110,10 +131,13 @@ impl ServeArgs {
 /// Serve until SIGTERM/SIGINT.
 pub fn run(args: &ServeArgs) -> CliResult {
     let repo = args.repository.display().to_string();
-    kiln::serve::run_blocking(args.config(), |addr| {
+    kiln::serve::run_blocking(args.config(), |addr, grpc| {
         eprintln!(
             "kiln serve: {repo} on http://{addr} (Open Inference Protocol v2; metrics at /metrics)"
         );
+        if let Some(g) = grpc {
+            eprintln!("kiln serve: KServe v2 gRPC on {g}");
+        }
     })
     .map_err(|e| match e {
         ServeError::Config(_) => CliError::input(e),
