@@ -623,3 +623,84 @@ fn tritonclient_grpc_answers_equal_tritonclient_http() {
     assert!(stdout.contains("OK grpc == http"), "{stdout}\n{stderr}");
     rt.block_on(h.shutdown()).unwrap();
 }
+
+/// `kiln loadtest`'s perf_analyzer modes drive both protocols: every level measured, no
+/// errors, ordered percentiles, and a clear line when the server has no statistics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn perf_sweeps_run_over_http_and_grpc() {
+    use kiln::serve::loadtest::{Distribution, PerfConfig, PerfMode, Protocol, run_perf};
+    let repo = common::repository_of(trained());
+    let h = serve(config(repo.path())).await;
+    let http_url = format!("http://{}", h.addr);
+    let grpc_url = format!("http://{}", h.grpc_addr.unwrap());
+    for (protocol, url, binary) in [
+        (Protocol::Http, &http_url, false),
+        (Protocol::Http, &http_url, true),
+        (Protocol::Grpc, &grpc_url, true),
+        (Protocol::Grpc, &grpc_url, false),
+    ] {
+        for mode in [
+            PerfMode::Concurrency(vec![1, 2]),
+            PerfMode::RequestRate(vec![50.0]),
+        ] {
+            let cfg = PerfConfig {
+                url: url.clone(),
+                model: "tiny".into(),
+                protocol,
+                batch: 4,
+                binary,
+                mode: mode.clone(),
+                distribution: Distribution::Poisson,
+                window: Duration::from_millis(150),
+                max_trials: 3,
+                stability: 0.10,
+                connections: 2,
+                timeout: Duration::from_secs(10),
+                stats_url: None,
+            };
+            let r = run_perf(&cfg).await.unwrap();
+            let want = if matches!(mode, PerfMode::Concurrency(_)) {
+                2
+            } else {
+                1
+            };
+            assert_eq!(r.levels.len(), want, "{r:?}");
+            for l in &r.levels {
+                assert!(l.ok > 0 && l.errors.is_empty(), "{protocol:?}: {l:?}");
+                assert_eq!(l.windows, 3, "{l:?}");
+                let p = &l.latency_ms;
+                assert!(p.p50 <= p.p90 && p.p90 <= p.p95 && p.p95 <= p.p99, "{p:?}");
+                assert!(l.server.is_none());
+            }
+            // This build has no statistics extension: said once, clearly.
+            assert!(
+                r.server_stats.starts_with("unavailable"),
+                "{}",
+                r.server_stats
+            );
+        }
+    }
+    // Unknown models are refused before any load, over either protocol.
+    let mut cfg = PerfConfig {
+        url: grpc_url.clone(),
+        model: "nope".into(),
+        protocol: Protocol::Grpc,
+        batch: 1,
+        binary: true,
+        mode: PerfMode::Concurrency(vec![1]),
+        distribution: Distribution::Constant,
+        window: Duration::from_millis(100),
+        max_trials: 3,
+        stability: 0.1,
+        connections: 1,
+        timeout: Duration::from_secs(5),
+        stats_url: None,
+    };
+    let e = run_perf(&cfg).await.unwrap_err().to_string();
+    assert!(e.contains("NotFound") && e.contains("nope"), "{e}");
+    cfg.max_trials = 2;
+    cfg.model = "tiny".into();
+    let e = run_perf(&cfg).await.unwrap_err().to_string();
+    assert!(e.contains("--max-trials is 2"), "{e}");
+    h.shutdown().await.unwrap();
+}
