@@ -64,6 +64,7 @@ fn config(repo: &Path) -> ServeConfig {
         max_body_bytes: 1 << 20,
         signals: false,
         connection: Default::default(),
+        grpc_port: None,
         ..ServeConfig::default()
     }
 }

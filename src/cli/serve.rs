@@ -96,6 +96,26 @@ pub struct ServeArgs {
     /// Directory for on-demand profiles (POST /v2/profile); without it profiling is off.
     #[arg(long, value_name = "DIR")]
     pub profile_dir: Option<PathBuf>,
+    /// Port of the KServe v2 gRPC endpoint on --host (Triton's default 8001; 0: any free
+    /// port, printed; `off`: no gRPC).
+    #[arg(long, default_value = "8001", value_name = "PORT|off")]
+    pub grpc_port: GrpcPort,
+}
+
+/// `--grpc-port`: a port, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcPort(pub Option<u16>);
+
+impl std::str::FromStr for GrpcPort {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" | "none" => Ok(GrpcPort(None)),
+            _ => s.parse::<u16>().map(|p| GrpcPort(Some(p))).map_err(|_| {
+                format!("`{s}` is not a port; expected 0 to 65535 (0: any free port) or `off`")
+            }),
+        }
+    }
 }
 
 impl ServeArgs {
@@ -132,6 +152,7 @@ impl ServeArgs {
                 .or_else(|| std::env::var("KILN_CONTROL_TOKEN").ok())
                 .filter(|t| !t.is_empty()),
             profile_dir: self.profile_dir.clone(),
+            grpc_port: self.grpc_port.0,
         }
     }
 }
@@ -140,11 +161,14 @@ impl ServeArgs {
 pub fn run(args: &ServeArgs) -> CliResult {
     let repo = args.repository.display().to_string();
     let mode = args.model_control_mode;
-    kiln::serve::run_blocking(args.config(), |addr| {
+    kiln::serve::run_blocking(args.config(), |addr, grpc| {
         eprintln!(
             "kiln serve: {repo} on http://{addr} (Open Inference Protocol v2; metrics at /metrics; \
              model control: {mode})"
         );
+        if let Some(g) = grpc {
+            eprintln!("kiln serve: KServe v2 gRPC on {g}");
+        }
     })
     .map_err(|e| match e {
         ServeError::Config(_) => CliError::input(e),

@@ -228,8 +228,8 @@ fn auto_engine_metrics(s: &AppState) -> String {
     }
 }
 
-/// A failed model lookup.
-struct Lookup(StatusCode, String);
+/// A failed model lookup: the HTTP status and the message (the gRPC layer maps the status).
+pub(crate) struct Lookup(pub(crate) StatusCode, pub(crate) String);
 
 fn find_slot(s: &AppState, name: &str) -> Result<Arc<ModelSlot>, Lookup> {
     s.repo.get(name).ok_or_else(|| {
@@ -248,7 +248,8 @@ fn find_slot(s: &AppState, name: &str) -> Result<Arc<ModelSlot>, Lookup> {
     })
 }
 
-fn resolve(
+/// The model (and version) a request names, or why it cannot be served; shared with gRPC.
+pub(crate) fn resolve(
     s: &AppState,
     name: &str,
     version: Option<&str>,
@@ -570,7 +571,7 @@ async fn infer_inner(
     resp
 }
 
-fn slot_not_ready(s: &AppState, name: &str) {
+pub(crate) fn slot_not_ready(s: &AppState, name: &str) {
     if let Some(slot) = s.repo.get(name) {
         slot.metrics
             .not_ready

@@ -6,6 +6,8 @@
 //! * [`conn`] — the accept loop and HTTP/1.1 connections: timeouts, the connection cap,
 //!   JSON answers to requests hyper rejects itself;
 //! * [`http`] — axum routes; parses and validates, never batches;
+//! * [`grpc`] — the KServe v2 gRPC protocol on its own port (tonic), beside the HTTP routes
+//!   and over the same models, batchers and metrics;
 //! * [`protocol`] — OIP JSON and the binary tensor extension, both directions;
 //! * [`model`] — what a model takes and returns, and the per-instance executors;
 //! * [`batcher`] — one thread owns each version's queue; instances are worker threads with
@@ -35,6 +37,7 @@ pub mod batcher;
 pub mod bench;
 pub mod client;
 pub mod conn;
+pub mod grpc;
 pub mod http;
 pub mod live_profile;
 pub mod loadtest;
@@ -90,6 +93,9 @@ pub struct ServeConfig {
     pub control_token: Option<String>,
     /// Where `POST /v2/profile` writes its recordings (`None`: the endpoint is off).
     pub profile_dir: Option<PathBuf>,
+    /// The KServe v2 gRPC port on `host` (`Some(0)`: any free port; `None`: no gRPC). The
+    /// CLI's default is Triton's 8001; the library's is off.
+    pub grpc_port: Option<u16>,
 }
 
 impl Default for ServeConfig {
@@ -108,6 +114,7 @@ impl Default for ServeConfig {
             model_control: ModelControlMode::Poll,
             control_token: None,
             profile_dir: None,
+            grpc_port: None,
         }
     }
 }
@@ -191,11 +198,14 @@ fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
 pub struct ServerHandle {
     /// The bound address.
     pub addr: SocketAddr,
+    /// The bound gRPC address (`None`: gRPC is off).
+    pub grpc_addr: Option<SocketAddr>,
     repo: Arc<Repository>,
     metrics: Arc<Metrics>,
     shutdown_tx: watch::Sender<bool>,
     reload_tx: mpsc::UnboundedSender<oneshot::Sender<ReloadReport>>,
     server: tokio::task::JoinHandle<Result<(), ServeError>>,
+    grpc: Option<tokio::task::JoinHandle<Result<(), ServeError>>>,
 }
 
 impl ServerHandle {
@@ -246,15 +256,21 @@ impl ServerHandle {
 
     /// Wait until the server stops (SIGTERM/SIGINT when `signals` is set).
     pub async fn wait(self) -> Result<(), ServeError> {
-        let r = match self.server.await {
+        let joined = |r: Result<Result<(), ServeError>, tokio::task::JoinError>| match r {
             Ok(r) => r,
             Err(e) => Err(ServeError::Io {
                 what: "server task".into(),
                 source: std::io::Error::other(e.to_string()),
             }),
         };
+        let r = joined(self.server.await);
+        // The HTTP side stops on the shutdown signal, which stops the gRPC side too.
+        let g = match self.grpc {
+            Some(g) => joined(g.await),
+            None => Ok(()),
+        };
         self.repo.clear();
-        r
+        r.and(g)
     }
 }
 
@@ -400,6 +416,17 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         control_token: config.control_token.clone(),
         profile_dir: config.profile_dir.clone(),
     });
+    let grpc = match config.grpc_port {
+        Some(port) => {
+            let mut stop = shutdown_rx.clone();
+            let (a, task) = grpc::serve(&config.host, port, state.clone(), async move {
+                let _ = stop.wait_for(|v| *v).await;
+            })
+            .await?;
+            Some((a, task))
+        }
+        None => None,
+    };
     let app = http::router(state);
     let signals = config.signals;
     let stop_tx = shutdown_tx.clone();
@@ -419,8 +446,14 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         r
     });
     tracing::info!(%addr, "listening (Open Inference Protocol v2)");
+    let (grpc_addr, grpc) = match grpc {
+        Some((a, t)) => (Some(a), Some(t)),
+        None => (None, None),
+    };
     Ok(ServerHandle {
         addr,
+        grpc_addr,
+        grpc,
         repo,
         metrics,
         shutdown_tx,
@@ -430,10 +463,10 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
 }
 
 /// Run a server until SIGTERM/SIGINT (blocking; builds its own runtime). `on_listen` is
-/// called with the bound address.
+/// called with the bound HTTP address and the gRPC one (when gRPC is on).
 pub fn run_blocking(
     config: ServeConfig,
-    on_listen: impl FnOnce(SocketAddr),
+    on_listen: impl FnOnce(SocketAddr, Option<SocketAddr>),
 ) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -445,7 +478,7 @@ pub fn run_blocking(
         })?;
     rt.block_on(async move {
         let handle = start(config).await?;
-        on_listen(handle.addr);
+        on_listen(handle.addr, handle.grpc_addr);
         handle.wait().await
     })
 }
