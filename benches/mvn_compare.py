@@ -2,7 +2,10 @@
 """Per-query time of two `kiln` binaries (e.g. before and after a change) on the realistic
 fixture, measured the way a user sees it (issue 11): `kiln mvn` answering `--copies` identical
 copies of one query from a file, minus the same binary's time for one copy (start-up), divided
-by the copies. The two binaries alternate query by query, so machine load hits both alike.
+by the copies. The time is the process's CPU time (user + system, from getrusage), with one
+rayon thread (RAYON_NUM_THREADS=1), so that other work on a loaded machine does not count;
+`--wall` uses wall-clock time with the default threads instead. The two binaries alternate
+query by query, so machine load hits both alike.
 
   python3 benches/mvn_compare.py OLD_KILN NEW_KILN [--fixture benches/mvn_realistic.json]
       [--d 4,8] [--copies 64] [--extra "--points 4096"]
@@ -13,6 +16,7 @@ ratio of their means. Standard library only.
 import argparse
 import json
 import os
+import resource
 import subprocess
 import tempfile
 import time
@@ -35,10 +39,19 @@ def quantile(xs, p):
     return xs[lo] + (x - lo) * (xs[hi] - xs[lo])
 
 
-def run(binary, path, extra):
-    t = time.perf_counter()
-    subprocess.run([binary, "mvn", "-i", path, *extra], check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run(binary, path, extra, wall):
+    env = dict(os.environ)
+    if not wall:
+        env["RAYON_NUM_THREADS"] = "1"
+    t, c = time.perf_counter(), cpu_seconds()
+    subprocess.run([binary, "mvn", "-i", path, *extra], check=True, stdout=subprocess.DEVNULL,
+                   env=env)
+    return time.perf_counter() - t if wall else cpu_seconds() - c
 
 
 def main():
@@ -49,6 +62,7 @@ def main():
     ap.add_argument("--d", default="4,8")
     ap.add_argument("--copies", type=int, default=64)
     ap.add_argument("--extra", default="")
+    ap.add_argument("--wall", action="store_true")
     args = ap.parse_args()
     extra = args.extra.split()
     dims = {int(v) for v in args.d.split(",")}
@@ -67,13 +81,13 @@ def main():
                 f.write((line + "\n") * args.copies)
             key = (case["family"], case["d"])
             for name, binary in (("old", args.old), ("new", args.new)):
-                base = min(run(binary, one, extra) for _ in range(2))
-                full = run(binary, many, extra)
+                base = min(run(binary, one, extra, args.wall) for _ in range(2))
+                full = run(binary, many, extra, args.wall)
                 per = max(full - base, 0.0) / (args.copies - 1) * 1e3
                 times.setdefault(key, {}).setdefault(name, []).append(per)
     for (family, d), t in sorted(times.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         rec = {"bench": "mvn-compare", "family": family, "d": d, "queries": len(t["old"]),
-               "copies": args.copies}
+               "copies": args.copies, "clock": "wall" if args.wall else "cpu, 1 thread"}
         for name in ("old", "new"):
             xs = t[name]
             rec[name + "_ms_p50"] = quantile(xs, 0.5)

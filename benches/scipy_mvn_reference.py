@@ -243,7 +243,10 @@ def process(args):
     sp = [scipy_default(c) for c in cases]
     t_scipy = time.perf_counter() - t
     out = {"bench": "mvn-process", "d": 4, "queries": args.n, "scipy_s": t_scipy}
-    for name, extra in [("kiln_default", []), ("kiln_fast", ["--points", "1024"])]:
+    settings = [("kiln_default", []),
+                ("kiln_adaptive", ["--tolerance", "2e-6", "--points", "16384"]),
+                ("kiln_fast", ["--tolerance", "2e-5"])]
+    for name, extra in settings:
         best = None
         for _ in range(3):
             t = time.perf_counter()

@@ -20,7 +20,9 @@
 //! estimate moved by at most 4·√(se² + se_prev²) since the previous stage (which used half the
 //! points): under honest standard errors that change has a standard deviation of about
 //! 0.7·se_prev, so the check almost never delays an honest stop, and it catches the
-//! under-estimated ones. Hence no query stops at its first stage.
+//! under-estimated ones. So that easy queries still stop after `min_points` points, the first
+//! stage is split in two halves (same points, same cost): the first half is the "previous
+//! stage" of the check at `min_points`.
 
 use rayon::prelude::*;
 
@@ -122,7 +124,11 @@ impl Running {
 /// The end of the first stage, and of the stage after one ending at `done`.
 fn first_stage(host: &HostConstants, tolerance: Option<f64>, min_points: usize) -> usize {
     match tolerance {
-        Some(_) => (min_points.max(1).div_ceil(BLOCK) * BLOCK).min(host.n_pad),
+        Some(_) => {
+            // Half of the first stage, so that the guard has a previous estimate at min_points.
+            let full = (min_points.max(1).div_ceil(BLOCK) * BLOCK).min(host.n_pad);
+            ((full / 2).div_ceil(BLOCK) * BLOCK).clamp(BLOCK.min(full), full)
+        }
         None => host.n_pad,
     }
 }
