@@ -224,15 +224,10 @@ pub fn run_setting<B: Backend>(
 
 /// The one-factor correlation matrix of `loadings` (λᵢλⱼ off the diagonal, 1 on it), row-major.
 pub fn one_factor_corr(loadings: &[f64]) -> Vec<f64> {
-    let d = loadings.len();
-    let mut c = vec![0.0; d * d];
-    for i in 0..d {
-        for j in 0..d {
-            c[i * d + j] = if i == j {
-                1.0
-            } else {
-                loadings[i] * loadings[j]
-            };
+    let mut c = Vec::with_capacity(loadings.len() * loadings.len());
+    for (i, li) in loadings.iter().enumerate() {
+        for (j, lj) in loadings.iter().enumerate() {
+            c.push(if i == j { 1.0 } else { li * lj });
         }
     }
     c
@@ -249,9 +244,9 @@ pub fn one_factor_cdf(loadings: &[f64], lower: &[f64], upper: &[f64]) -> f64 {
     for k in 0..=steps {
         let t = -12.0 + k as f64 * h;
         let mut f = norm_pdf(t);
-        for i in 0..loadings.len() {
-            let m = loadings[i] * t;
-            f *= norm_cdf((upper[i] - m) / s[i]) - norm_cdf((lower[i] - m) / s[i]);
+        for (((l, s), a), b) in loadings.iter().zip(&s).zip(lower).zip(upper) {
+            let m = l * t;
+            f *= norm_cdf((b - m) / s) - norm_cdf((a - m) / s);
         }
         sum += f;
     }
