@@ -4,6 +4,11 @@
 //!
 //! `cargo bench --bench mvn` (add `-- genz/d4` to filter). The full grid with errors against
 //! exact answers is `kiln bench mvn --json`.
+//!
+//! `genz-realistic/d4` and `/d8`: the mix of the realistic families (normalised Wishart, AR(1),
+//! one-factor with positive and mixed-sign loadings; limits from U[−1.5, 2.5] with one-sided
+//! tails) of the fixture `benches/mvn_realistic.json`, as one batch. Per-query percentiles and
+//! errors: `kiln bench mvn --realistic benches/mvn_realistic.json --d 4,8 --points 4096`.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -11,7 +16,7 @@ use std::time::Duration;
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kiln::model::mvn::bench::equicorrelated_cases;
+use kiln::model::mvn::bench::{equicorrelated_cases, load_realistic};
 use kiln::model::mvn::{HaltonMvnCdfConfig, MvnMethod, MvnQuery, MvnTensorBatch};
 
 fn cpu_path(c: &mut Criterion) {
@@ -85,5 +90,36 @@ fn tensor_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, cpu_path, tensor_path);
+fn realistic(c: &mut Criterion) {
+    let device = Default::default();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/mvn_realistic.json");
+    let cases = load_realistic(&path).expect("realistic fixture");
+    for d in [4usize, 8] {
+        let queries: Vec<MvnQuery> = cases
+            .iter()
+            .filter(|c| c.d == d)
+            .map(|c| c.query.clone())
+            .collect();
+        let mut group = c.benchmark_group(format!("genz-realistic/d{d}"));
+        group
+            .sample_size(10)
+            .measurement_time(Duration::from_secs(3));
+        group.throughput(Throughput::Elements(queries.len() as u64));
+        for points in [1024usize, 4096] {
+            let model = HaltonMvnCdfConfig::new()
+                .with_max_dim(d)
+                .with_points(points)
+                .init::<Flex>(&device)
+                .expect("config");
+            group.bench_with_input(
+                BenchmarkId::new(format!("n{points}"), queries.len()),
+                &queries,
+                |b, q| b.iter(|| black_box(model.forward(q.as_slice()).expect("forward"))),
+            );
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, cpu_path, tensor_path, realistic);
 criterion_main!(benches);

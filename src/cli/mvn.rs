@@ -17,12 +17,31 @@ use anyhow::{Context, anyhow, bail};
 use burn::backend::Flex;
 use clap::Args;
 
-use kiln::model::mvn::bench::{BenchSetting, run_setting};
+use kiln::model::mvn::bench::{
+    BenchSetting, RealisticSetting, load_realistic, run_realistic, run_setting,
+};
 use kiln::model::mvn::lines::{LinesSummary, answer_lines};
 use kiln::model::mvn::{HaltonMvnCdfConfig, MvnMethod};
+use kiln::simd::Isa;
 
 fn parse_method(s: &str) -> Result<MvnMethod, String> {
     s.parse()
+}
+
+/// A forced vector path, or `None` for the best this CPU has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IsaChoice(pub Option<Isa>);
+
+fn parse_isa(s: &str) -> Result<IsaChoice, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "best" | "auto" => Ok(IsaChoice(None)),
+        "avx512" => Ok(IsaChoice(Some(Isa::Avx512))),
+        "avx2" => Ok(IsaChoice(Some(Isa::Avx2))),
+        "portable" => Ok(IsaChoice(Some(Isa::Portable))),
+        _ => Err(format!(
+            "`{s}` is not a vector path; expected best, avx512, avx2 or portable"
+        )),
+    }
 }
 
 /// A standard-error target for the adaptive mode, or none (every query uses all points).
@@ -156,6 +175,111 @@ pub struct MvnBenchArgs {
     /// Minimum timed seconds per setting (each setting runs at least one call).
     #[arg(long, default_value_t = 1.0)]
     pub min_time: f64,
+    /// Realistic families from this fixture (benches/mvn_realistic.json) instead of the
+    /// equicorrelated grid: per-query time percentiles (p50, p99, max) per family and d, the
+    /// errors against the fixture's references, and each d's mix throughput. Uses --d (pass
+    /// 2,4,8,12,16 for all), --points, --tolerance, --randomizations, --min-time (mix).
+    #[arg(long, value_name = "FILE")]
+    pub realistic: Option<PathBuf>,
+    /// Realistic mode: identical copies of a query per timed call.
+    #[arg(long, default_value_t = 32)]
+    pub copies: usize,
+    /// Realistic mode: timed rounds; a query's time is its median over them.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Realistic mode: thread counts (comma-separated), each a separate run.
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    pub threads: Vec<usize>,
+    /// Realistic mode: vector path (best, avx512, avx2, portable).
+    #[arg(long, default_value = "best", value_parser = parse_isa)]
+    pub isa: IsaChoice,
+}
+
+/// `kiln bench mvn --realistic FILE`: one line per (threads, points, tolerance, d, family).
+fn run_realistic_bench(args: &MvnBenchArgs, path: &std::path::Path) -> anyhow::Result<()> {
+    let cases: Vec<_> = load_realistic(path)?
+        .into_iter()
+        .filter(|c| args.d.contains(&c.d))
+        .collect();
+    if cases.is_empty() {
+        bail!(
+            "{}: no case has a dimension in --d {:?}",
+            path.display(),
+            args.d
+        );
+    }
+    if args.threads.contains(&0) {
+        bail!("--threads has 0; expected at least 1");
+    }
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    if !args.json {
+        writeln!(
+            out,
+            "{:<12} {:>3} {:>3} {:>6} {:>8} {:>9} {:>9} {:>9} {:>7} {:>10} {:>9} {:>9}",
+            "family",
+            "d",
+            "thr",
+            "points",
+            "tol",
+            "p50_us",
+            "p99_us",
+            "max_us",
+            "p99/50",
+            "evals/s",
+            "max_err",
+            "mean_err"
+        )?;
+    }
+    for &threads in &args.threads {
+        for &points in &args.points {
+            for &Tolerance(tolerance) in &args.tolerance {
+                let setting = RealisticSetting {
+                    points,
+                    randomizations: args.randomizations,
+                    tolerance,
+                    min_points: args.min_points,
+                    copies: args.copies,
+                    rounds: args.rounds,
+                    threads,
+                    isa: args.isa.0,
+                    min_time: Duration::from_secs_f64(args.min_time),
+                };
+                let records =
+                    run_realistic::<Flex>(&cases, &setting, args.seed, &Default::default())
+                        .map_err(|e| anyhow!("realistic points={points} threads={threads}: {e}"))?;
+                for r in records {
+                    if args.json {
+                        writeln!(out, "{}", serde_json::to_string(&r)?)?;
+                    } else {
+                        let tol = match r.tolerance {
+                            Some(t) => format!("{t:.1e}"),
+                            None => "none".into(),
+                        };
+                        writeln!(
+                            out,
+                            "{:<12} {:>3} {:>3} {:>6} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>7.2} \
+                             {:>10.1} {:>9.2e} {:>9.2e}",
+                            r.family,
+                            r.d,
+                            r.threads,
+                            r.points,
+                            tol,
+                            r.us_p50,
+                            r.us_p99,
+                            r.us_max,
+                            r.p99_over_p50,
+                            r.evals_per_s,
+                            r.max_abs_err,
+                            r.mean_abs_err
+                        )?;
+                    }
+                }
+                out.flush()?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs `kiln bench mvn`: every (method, d, points, batch) of the grid on the CPU path, on
@@ -166,6 +290,9 @@ pub fn run_bench(args: &MvnBenchArgs) -> anyhow::Result<()> {
             "--min-time is {}; expected a number of seconds >= 0",
             args.min_time
         );
+    }
+    if let Some(path) = &args.realistic {
+        return run_realistic_bench(args, path);
     }
     let stdout = io::stdout();
     let mut out = stdout.lock();

@@ -12,6 +12,17 @@
 //! is at most the tolerance or all `points` are used (what SciPy's and mvtnorm's `abseps`
 //! does). Easy queries (small or extreme probabilities, low dimension) stop early. In this
 //! mode bivariate queries are answered exactly (see [`super::bvn`]).
+//!
+//! **The early-stop guard.** A standard error from R randomisations is itself an estimate;
+//! on a peaked integrand at a few hundred points it can come out far too small (every
+//! randomisation misses the same region), and a stop on it alone let the realised error reach
+//! many standard errors. So a query stops early only when, besides se ≤ tolerance, its
+//! estimate moved by at most 4·√(se² + se_prev²) since the previous stage (which used half the
+//! points): under honest standard errors that change has a standard deviation of about
+//! 0.7·se_prev, so the check almost never delays an honest stop, and it catches the
+//! under-estimated ones. So that easy queries still stop after `min_points` points, the first
+//! stage is split in two halves (same points, same cost): the first half is the "previous
+//! stage" of the check at `min_points`.
 
 use rayon::prelude::*;
 
@@ -26,8 +37,10 @@ use super::query::{MvnEstimate, Prepared};
 use crate::simd::Kernel;
 
 /// How the CPU path integrates.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct CpuOptions {
+    /// The vector path of the Genz kernel.
+    pub kernel: Kernel,
     /// The estimator.
     pub method: MvnMethod,
     /// Adaptive mode: stop a query once its standard error is at or below this.
@@ -73,7 +86,7 @@ pub(crate) fn factor_all(prepared: &[Prepared]) -> Result<Vec<Factor>, MvnError>
 /// What a query needs: nothing (exact), the Genz kernel, or the naive count.
 enum Work<'a> {
     Exact(f64),
-    Genz(GenzQuery<'a>),
+    Genz(GenzQuery<'a>, Kernel),
     Naive(&'a Factor),
 }
 
@@ -82,7 +95,7 @@ impl Work<'_> {
     fn sum(&self, host: &HostConstants, r: usize, start: usize, end: usize) -> f64 {
         match self {
             Work::Exact(p) => p * end.min(host.n).saturating_sub(start) as f64,
-            Work::Genz(g) => genz_sum(Kernel::best(), g, host, r, start, end),
+            Work::Genz(g, kernel) => genz_sum(*kernel, g, host, r, start, end),
             Work::Naive(f) => naive_count(f, host, r, start, end),
         }
     }
@@ -95,6 +108,8 @@ struct Running {
     sums: Vec<f64>,
     /// Points (per randomisation, a multiple of [`BLOCK`] or n_pad) integrated so far.
     done: usize,
+    /// The estimate after the previous stage (adaptive mode's guard).
+    prev: Option<MvnEstimate>,
 }
 
 impl Running {
@@ -109,7 +124,11 @@ impl Running {
 /// The end of the first stage, and of the stage after one ending at `done`.
 fn first_stage(host: &HostConstants, tolerance: Option<f64>, min_points: usize) -> usize {
     match tolerance {
-        Some(_) => (min_points.max(1).div_ceil(BLOCK) * BLOCK).min(host.n_pad),
+        Some(_) => {
+            // Half of the first stage, so that the guard has a previous estimate at min_points.
+            let full = (min_points.max(1).div_ceil(BLOCK) * BLOCK).min(host.n_pad);
+            ((full / 2).div_ceil(BLOCK) * BLOCK).clamp(BLOCK.min(full), full)
+        }
         None => host.n_pad,
     }
 }
@@ -118,9 +137,22 @@ fn next_stage(host: &HostConstants, done: usize) -> usize {
     (2 * done).min(host.n_pad)
 }
 
-/// Whether a query may stop after `done` points with estimate `e`.
-fn converged(host: &HostConstants, tolerance: Option<f64>, done: usize, e: &MvnEstimate) -> bool {
-    done >= host.n_pad || tolerance.is_some_and(|t| e.se <= t)
+/// Whether a query may stop after `done` points with estimate `e`, the previous stage's
+/// being `prev` (see the module docs for the guard).
+fn converged(
+    host: &HostConstants,
+    tolerance: Option<f64>,
+    done: usize,
+    e: &MvnEstimate,
+    prev: Option<&MvnEstimate>,
+) -> bool {
+    if done >= host.n_pad {
+        return true;
+    }
+    match (tolerance, prev) {
+        (Some(t), Some(prev)) => e.se <= t && (e.p - prev.p).abs() <= 4.0 * e.se.hypot(prev.se),
+        _ => false,
+    }
 }
 
 /// Estimates every factorised query; answers come back in input order, each with the number
@@ -141,7 +173,7 @@ pub(crate) fn estimate_all_counted(
         .map(|f| match opts.method {
             MvnMethod::Genz => match plan(f, tolerance.is_some()) {
                 GenzPlan::Exact(p) => Work::Exact(p),
-                GenzPlan::Integrate(g) => Work::Genz(g),
+                GenzPlan::Integrate(g) => Work::Genz(g, opts.kernel),
             },
             MvnMethod::Naive => Work::Naive(f),
         })
@@ -170,6 +202,7 @@ pub(crate) fn estimate_all_counted(
                     q,
                     sums: vec![0.0; rr],
                     done: 0,
+                    prev: None,
                 };
                 let mut end = first;
                 loop {
@@ -178,9 +211,10 @@ pub(crate) fn estimate_all_counted(
                     }
                     run.done = end;
                     let e = run.estimate(host);
-                    if converged(host, tolerance, run.done, &e) {
+                    if converged(host, tolerance, run.done, &e, run.prev.as_ref()) {
                         return (q, e, run.done.min(host.n));
                     }
+                    run.prev = Some(e);
                     end = next_stage(host, run.done);
                 }
             })
@@ -202,6 +236,7 @@ pub(crate) fn estimate_all_counted(
                 q,
                 sums: vec![0.0; rr],
                 done: 0,
+                prev: None,
             }),
         }
     }
@@ -236,11 +271,12 @@ pub(crate) fn estimate_all_counted(
         active.retain_mut(|run| {
             run.done = end;
             let e = run.estimate(host);
-            if converged(host, tolerance, run.done, &e) {
+            if converged(host, tolerance, run.done, &e, run.prev.as_ref()) {
                 out[run.q] = e;
                 used[run.q] = run.done.min(host.n);
                 false
             } else {
+                run.prev = Some(e);
                 true
             }
         });

@@ -8,6 +8,14 @@ use thiserror::Error;
 /// Why a configuration, a query or a pick could not be answered.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum MvnError {
+    /// A benchmark fixture (see [`super::bench::load_realistic`]) could not be read or parsed.
+    #[error("{path}: {problem}")]
+    Fixture {
+        /// The file.
+        path: String,
+        /// What was wrong, with the case and field.
+        problem: String,
+    },
     /// A configuration field is out of range.
     #[error("invalid estimator config: {field} = {value}; expected {expected}")]
     InvalidConfig {

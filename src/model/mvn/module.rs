@@ -23,6 +23,7 @@ use super::tensor_path::{
     MvnTensorBatch, MvnTensorEstimates, OnDevice, PointSets, estimate_on_device, estimate_tensor,
     tensor_to_vec,
 };
+use crate::simd::{Isa, Kernel};
 
 /// Which estimator the module runs.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -396,10 +397,41 @@ impl<B: Backend> HaltonMvnCdf<B> {
     /// How the CPU path integrates.
     pub(crate) fn cpu_options(&self) -> CpuOptions {
         CpuOptions {
+            kernel: Kernel::best(),
             method: self.method,
             tolerance: self.tolerance,
             min_points: self.min_points,
         }
+    }
+
+    /// The CPU path on `queries` with its vector path forced to `isa` (`forward` takes the
+    /// best one this CPU has): for tests and benchmarks of the other paths, e.g. AVX2 on an
+    /// AVX-512 machine. An `isa` this CPU cannot run is an [`MvnError::InvalidConfig`].
+    pub fn forward_with_isa(
+        &self,
+        queries: &[MvnQuery],
+        isa: Isa,
+    ) -> Result<Vec<MvnEstimate>, MvnError> {
+        let kernel = Kernel::new(isa).ok_or_else(|| MvnError::InvalidConfig {
+            field: "isa",
+            value: isa.name().into(),
+            expected: format!(
+                "a path this CPU runs: {}",
+                Isa::available()
+                    .iter()
+                    .map(|i| i.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })?;
+        let prepared = prepare_queries(queries, self.max_dim())?;
+        let host = self.host()?;
+        let factors = factor_all(&prepared)?;
+        let opts = CpuOptions {
+            kernel,
+            ..self.cpu_options()
+        };
+        Ok(estimate_all(&factors, &host, &opts))
     }
 
     /// The CPU path on validated queries.

@@ -4,7 +4,9 @@
 //! The functions are the same approximations as the scalar ones in [`super::normal`] (Hart's
 //! rational for Φ, Wichura's AS 241 for Φ⁻¹), rearranged for vectors:
 //! * no branches per lane: both branches of a piecewise formula are computed and blended,
-//!   and a rare branch (Φ beyond |x| = 7.07, Φ⁻¹ below p = 1.4e−11) only when a lane needs it;
+//!   and a rare branch (Φ beyond |x| = 7.07, Φ⁻¹ below p = 1.4e−11) only when a lane needs it,
+//!   on the same vector path (every function here is `#[inline(always)]`, so that it is
+//!   compiled with its caller's instruction set; see `far_tail`);
 //! * `exp` and `ln` by range reduction and a polynomial (no libm calls);
 //! * divisions by a reciprocal: on AVX-512 `vrcp14pd` and two Newton steps (2⁻¹⁴ → 2⁻⁵⁶),
 //!   which costs a quarter of a `vdivpd`; elsewhere a true division.
@@ -82,7 +84,12 @@ pub(crate) fn norm_tail<V: F64s, const U: usize>(z: [V; U]) -> [V; U] {
 /// evaluated forward as a ratio of convergents (one division). exp(−z²/2) is split as
 /// exp(−h²/2)·exp(−(z−h)(z+h)/2) with h = z rounded to 1/16, whose square is exact, so the
 /// rounding of z² does not cost relative precision.
-#[inline(never)]
+///
+/// Inlined on purpose: a separate (generic) function does not inherit its caller's
+/// `target_feature`s, so every AVX-512/AVX2 intrinsic in it became a real call passing vectors
+/// through memory, and a block where one lane had |x| ≥ 7.07 cost 10–30× a plain one (issue
+/// 11: `perf` put 89% of the slow queries' time here and in the intrinsics it called).
+#[inline(always)]
 fn far_tail<V: F64s>(z: V) -> V {
     let tk = z.token();
     let magic = V::splat(tk, ROUND_MAGIC);
