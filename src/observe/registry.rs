@@ -219,6 +219,10 @@ impl Heartbeat {
                 let (lock, cvar) = &*flag;
                 let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
                 loop {
+                    // Checked before waiting: a stop that came while connecting is not missed.
+                    if *stopped {
+                        break;
+                    }
                     let (guard, _) = cvar
                         .wait_timeout(stopped, HEARTBEAT_PERIOD)
                         .unwrap_or_else(|p| p.into_inner());
