@@ -43,7 +43,8 @@ enum Command {
         /// The run directory stores the effective config.
         #[arg(long, value_name = "KEY=VALUE")]
         set: Vec<String>,
-        /// Run registry (SQLite); default `registry.path`, else `<export.dir>/runs.db`.
+        /// Run registry: a file, `sqlite:///file` or `postgres://…`; default `registry.path`,
+        /// else `<export.dir>/runs.db`.
         #[arg(long)]
         registry: Option<PathBuf>,
     },
@@ -54,7 +55,7 @@ enum Command {
     },
     /// Inspect the run registry: list, show, compare, report, regressions.
     Runs {
-        /// Registry file (default: checkpoints/runs.db).
+        /// Registry: a file, `sqlite:///file` or `postgres://…` (default: checkpoints/runs.db).
         #[arg(long, global = true, default_value = "checkpoints/runs.db")]
         registry: PathBuf,
         #[command(subcommand)]
@@ -62,9 +63,15 @@ enum Command {
     },
     /// Run a grid or list of configs in parallel into the registry and answer the
     /// right-sizing question (the smallest model within a tolerance of the best).
+    ///
+    /// `kiln sweep FILE` runs every member from this process; `plan`, `run --index I` and
+    /// `summarize` split it into independent processes (a Kubernetes Indexed Job).
+    #[command(args_conflicts_with_subcommands = true)]
     Sweep {
+        #[command(subcommand)]
+        command: Option<cli::sweep::SweepCommand>,
         /// The sweep file (see configs/sweep.yaml).
-        spec: PathBuf,
+        spec: Option<PathBuf>,
         /// Registry (default: the base config's).
         #[arg(long)]
         registry: Option<PathBuf>,
@@ -382,13 +389,18 @@ fn run(cli: Cli) -> CliResult {
             }),
         },
         Command::Sweep {
+            command: Some(command),
+            ..
+        } => cli::sweep::dispatch(command),
+        Command::Sweep {
+            command: None,
             spec,
             registry,
             parallel,
             threads_per_run,
             json,
         } => cli::sweep::run(&cli::sweep::SweepArgs {
-            spec: &spec,
+            spec: &cli::sweep::required(spec)?,
             registry: registry.as_deref(),
             parallel,
             threads: threads_per_run,

@@ -53,7 +53,8 @@ pub struct PromoteArgs {
     /// After promoting keep the N newest versions (the served and the new one always stay).
     #[arg(long, value_name = "N")]
     pub keep: Option<usize>,
-    /// Run registry (SQLite) to record the decision in (default: the config's).
+    /// Run registry to record the decision in: an SQLite file, `sqlite:///path` or
+    /// `postgres://…` (default: the config's).
     #[arg(long, value_name = "FILE")]
     pub registry: Option<PathBuf>,
     /// Print the decision as JSON instead of a table.

@@ -7,7 +7,7 @@ use super::{CliError, CliResult};
 use kiln::config;
 use kiln::observe::analysis::{self, Flagged, RegressionRule, RunPoint};
 use kiln::observe::plot::{Color, Figure, Panel, Series};
-use kiln::observe::registry::{Registry, RunRow};
+use kiln::observe::registry::{Location, Registry, RunRow};
 use kiln::util::write_atomic;
 
 /// Which latency the analysis reads.
@@ -47,10 +47,14 @@ impl LatencyBatch {
 }
 
 fn open(path: &Path) -> Result<Registry, CliError> {
-    if !path.exists() {
+    // `--registry` is a file, `sqlite:///file` or `postgres://…` (a server has no file to check).
+    let location = Location::from_path(path);
+    if let Location::Sqlite(file) = &location
+        && !file.exists()
+    {
         return Err(CliError::input(anyhow::anyhow!(
             "no run registry at {} (train a model first, or pass --registry)",
-            path.display()
+            file.display()
         )));
     }
     // Reading needs no write access: a registry that cannot be opened for writing (a
@@ -491,7 +495,7 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         html,
         "<h1>kiln runs report</h1><p>{} runs in {}; {} flagged as latency regressions (≥ 1.5× the median of runs within ±5 % of their size). Hover over a point for its run, config and numbers.</p>",
         rows.len(),
-        kiln::util::escape_xml(&registry.display().to_string()),
+        kiln::util::escape_xml(&Location::from_path(registry).display()),
         flagged.len()
     );
     for svg in [&lat_svg, &m_svg] {

@@ -1,11 +1,162 @@
 //! `kiln sweep SWEEP.yaml`: run every configuration as its own `kiln train` process (P at a
 //! time, T threads each) through `kiln::sweep::run_sweep`, then print the right-sizing answer.
+//! `kiln sweep plan | run --index I | summarize` split the same sweep into independent
+//! processes sharing one registry (`kiln::sweep::{plan, run_index, summarize}`).
 
 use std::path::{Path, PathBuf};
 
 use super::{CliError, CliResult};
 use kiln::config;
-use kiln::sweep::{Member, ProcessLauncher, SweepError, SweepOptions, SweepSpec, run_sweep};
+use kiln::sweep::{
+    IndexOutcome, Member, ProcessLauncher, SweepError, SweepOptions, SweepReport, SweepSpec,
+    run_sweep,
+};
+
+/// `kiln sweep plan | run | summarize`.
+#[derive(clap::Subcommand)]
+pub enum SweepCommand {
+    /// Print the expanded runs in their stable order, with the sweep id and each run's index
+    /// and id.
+    Plan {
+        /// The sweep file.
+        spec: PathBuf,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run exactly the I-th member in this process, into the registry. Idempotent: a member
+    /// that finished is not run again; one whose run was killed is resumed (`kiln train
+    /// --resume`) from its run directory, or restarted when that directory is not reachable.
+    Run {
+        /// The sweep file.
+        spec: PathBuf,
+        /// The member's index (default: $JOB_COMPLETION_INDEX, as a Kubernetes Indexed Job
+        /// sets it).
+        #[arg(long)]
+        index: Option<usize>,
+        /// Registry: a file, `sqlite:///file` or `postgres://…` (default: the base config's).
+        #[arg(long)]
+        registry: Option<PathBuf>,
+        /// Threads (overrides the file's `threads_per_run`; RAYON_NUM_THREADS wins over both).
+        #[arg(long)]
+        threads_per_run: Option<usize>,
+    },
+    /// The right-sizing answer from the registry the members ran into (exit 1 while some
+    /// member has not finished).
+    Summarize {
+        /// The sweep file.
+        spec: PathBuf,
+        /// Registry: a file, `sqlite:///file` or `postgres://…` (default: the base config's).
+        #[arg(long)]
+        registry: Option<PathBuf>,
+        /// JSON output (the shape of `kiln sweep --json`).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The sweep file of `kiln sweep FILE`.
+pub fn required(spec: Option<PathBuf>) -> Result<PathBuf, CliError> {
+    spec.ok_or_else(|| {
+        CliError::input(anyhow::anyhow!(
+            "kiln sweep needs a sweep file (or one of plan, run, summarize)"
+        ))
+    })
+}
+
+fn sweep_error(e: SweepError) -> CliError {
+    match e {
+        SweepError::Config(_) | SweepError::Index { .. } => CliError::input(e),
+        other => CliError::from(other),
+    }
+}
+
+fn registry_of(spec: &SweepSpec, registry: Option<PathBuf>) -> Result<PathBuf, CliError> {
+    match registry {
+        Some(r) => Ok(r),
+        None => Ok(config::load(&spec.base)
+            .map_err(CliError::input)?
+            .config
+            .registry_path()),
+    }
+}
+
+/// Run a `kiln sweep` subcommand.
+pub fn dispatch(command: SweepCommand) -> CliResult {
+    match command {
+        SweepCommand::Plan { spec: file, json } => {
+            let spec = SweepSpec::load(&file).map_err(CliError::input)?;
+            let plan = kiln::sweep::plan(&spec, &file).map_err(sweep_error)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&plan)?);
+            } else {
+                println!(
+                    "sweep {} ({} runs of {})",
+                    plan.sweep_id,
+                    plan.runs.len(),
+                    plan.base.display()
+                );
+                for r in &plan.runs {
+                    println!("{:>4}  {}  {}", r.index, r.id, r.overrides.join(" "));
+                }
+            }
+            Ok(())
+        }
+        SweepCommand::Run {
+            spec: file,
+            index,
+            registry,
+            threads_per_run,
+        } => {
+            let spec = SweepSpec::load(&file).map_err(CliError::input)?;
+            let index = match index {
+                Some(i) => i,
+                None => std::env::var("JOB_COMPLETION_INDEX")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .ok_or_else(|| {
+                        CliError::input(anyhow::anyhow!(
+                            "kiln sweep run needs --index I (or JOB_COMPLETION_INDEX set to a number)"
+                        ))
+                    })?,
+            };
+            let registry = registry_of(&spec, registry)?;
+            let plan = kiln::sweep::plan(&spec, &file).map_err(sweep_error)?;
+            let threads = threads_per_run.unwrap_or(spec.threads_per_run).max(1);
+            let outcome =
+                kiln::sweep::run_index(&plan, index, &registry, threads).map_err(sweep_error)?;
+            match &outcome {
+                IndexOutcome::AlreadyFinished { run_id } => eprintln!(
+                    "sweep {} index {index}: already finished as {run_id}; nothing to do",
+                    plan.sweep_id
+                ),
+                IndexOutcome::Finished { run_id, resumed } => eprintln!(
+                    "sweep {} index {index}: {} {run_id}",
+                    plan.sweep_id,
+                    if *resumed {
+                        "resumed and finished"
+                    } else {
+                        "finished"
+                    }
+                ),
+            }
+            println!("{}", outcome.run_id());
+            Ok(())
+        }
+        SweepCommand::Summarize {
+            spec: file,
+            registry,
+            json,
+        } => {
+            let spec = SweepSpec::load(&file).map_err(CliError::input)?;
+            let registry = registry_of(&spec, registry)?;
+            let plan = kiln::sweep::plan(&spec, &file).map_err(sweep_error)?;
+            let report =
+                kiln::sweep::summarize(&plan, spec.tolerance, &registry).map_err(sweep_error)?;
+            print_report(&report, json)
+        }
+    }
+}
 
 /// Options of `kiln sweep`.
 pub struct SweepArgs<'a> {
@@ -94,17 +245,24 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
             report.best.and_then(|b| report.runs[b].val_metric),
         );
     }
+    print_report(&report, args.json)
+}
+
+/// Print a sweep's members and right-sizing answer; an error when some member failed.
+fn print_report(report: &SweepReport, json: bool) -> CliResult {
     let members = &report.runs;
     let failed = report.failed;
     let id = |i: Option<usize>| i.and_then(|i| members[i].run_id.clone());
-    if args.json {
+    if json {
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "runs": members,
-                "tolerance": spec.tolerance,
+                "tolerance": report.tolerance,
                 "best": id(report.best),
                 "right_sized": id(report.right_sized),
+                "best_index": report.best,
+                "right_sized_index": report.right_sized,
                 "failed": failed,
                 "wall_s": report.wall_s,
             }))?
@@ -141,7 +299,7 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
                     b.val_metric.unwrap_or(f64::NAN),
                     b.run_id.as_deref().unwrap_or("?"),
                     params(b),
-                    spec.tolerance * 100.0,
+                    report.tolerance * 100.0,
                     c.run_id.as_deref().unwrap_or("?"),
                     params(c),
                     c.val_metric.unwrap_or(f64::NAN),

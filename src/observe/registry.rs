@@ -1,29 +1,48 @@
-//! The run registry: every `kiln train` run in an embedded SQLite database.
+//! The run registry: every `kiln train` run in a database, an embedded SQLite file (the
+//! default) or a shared PostgreSQL server (`--registry postgres://…`).
 //!
 //! A run is registered when it starts (`running`), gets one row per epoch as it trains, and
-//! is updated when it ends (`finished`, or `failed` with the reason). A row left `running`
-//! by a process that no longer exists is marked `killed` the next time any run starts.
-//! The database is in WAL mode with a busy timeout, so several processes (a sweep's parallel
-//! runs, a cron job and a developer) can write at once without losing rows.
+//! is updated when it ends (`finished`, or `failed` with the reason). While it runs, a
+//! background thread refreshes its heartbeat every [`HEARTBEAT_PERIOD`] (30 s). A row left
+//! `running` by a run that is gone is marked `killed` by whoever looks next (the next run to
+//! start, `kiln runs …`, `kiln sweep run`): on the same host when its process no longer exists
+//! (PID and process start time), on any host when its heartbeat is older than
+//! [`HEARTBEAT_TIMEOUT`] (120 s; hosts' clocks must agree to well within that, as NTP gives).
+//! SQLite is in WAL mode with a busy timeout, so several processes (a sweep's parallel runs,
+//! a cron job and a developer) can write at once without losing rows; PostgreSQL lets pods on
+//! different machines share one registry.
+//!
+//! Both backends share every statement and migration (see [`backend`] for the few places
+//! they differ).
+
+pub mod backend;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+pub use backend::{Db, DbError, Location, Value};
+
 use crate::records::EpochRecord;
+
+/// How often a running run refreshes its heartbeat.
+pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(30);
+
+/// A `running` row whose heartbeat is older than this is reaped as `killed` (from any host).
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Errors from the registry.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// SQLite failed.
+    /// The database failed.
     #[error("registry {path}: {source}")]
     Sql {
-        /// The database file.
+        /// The database file, or the server's URL without its password.
         path: PathBuf,
         /// The underlying error.
-        source: rusqlite::Error,
+        source: DbError,
     },
     /// The directory could not be created.
     #[error("registry {path}: {source}")]
@@ -41,7 +60,8 @@ pub enum RegistryError {
     Ambiguous(String, String),
 }
 
-/// The schema, one migration per version (`PRAGMA user_version`).
+/// The schema, one migration per version (written once for both backends: SQLite type names,
+/// which [`backend::pg_ddl`] maps for PostgreSQL).
 const MIGRATIONS: &[&str] = &[
     // v1
     "CREATE TABLE runs (
@@ -89,7 +109,17 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE epochs ADD COLUMN data_wait_s REAL;
     ALTER TABLE epochs ADD COLUMN compute_s REAL;
     ALTER TABLE epochs ADD COLUMN validation_s REAL;",
-    // v3: `kiln promote` decisions (self-contained: one table, one index).
+    // v3: heartbeats (liveness across hosts) and the members of indexed sweeps.
+    "ALTER TABLE runs ADD COLUMN heartbeat_at REAL;
+    CREATE TABLE sweep_members (
+        sweep_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        run_dir TEXT NOT NULL,
+        claimed_at TEXT NOT NULL,
+        PRIMARY KEY (sweep_id, idx)
+    );",
+    // v4: `kiln promote` decisions (self-contained: one table, one index).
     "CREATE TABLE promotions (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         at TEXT NOT NULL,
@@ -175,14 +205,104 @@ pub struct RunRow {
     pub latency_b1_p50_us: Option<f64>,
     /// Batch-128 median latency, µs.
     pub latency_b128_p50_us: Option<f64>,
+    /// Last heartbeat (Unix seconds) while running.
+    pub heartbeat_at: Option<f64>,
+}
+
+/// The columns of [`RunRow`], in the order [`Registry::row`] reads them.
+const RUN_COLUMNS: &str = "id, name, status, reason, host, pid, started_at, ended_at, run_dir, \
+    config_text, config_sha256, git_commit, dataset_sha256, param_count, artifact_path, \
+    environment, final_metrics, val_metric, latency, latency_b1_p50_us, latency_b128_p50_us, \
+    heartbeat_at";
+
+/// A member of an indexed sweep as claimed in the registry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepMemberRow {
+    /// The sweep's id.
+    pub sweep_id: String,
+    /// Position in the sweep's expansion.
+    pub index: i64,
+    /// The run that holds the member.
+    pub run_id: String,
+    /// Its run directory.
+    pub run_dir: String,
+    /// When it was claimed (RFC 3339).
+    pub claimed_at: String,
 }
 
 pub use crate::records::{NewRun, RunEnd};
 
 /// The registry.
 pub struct Registry {
-    conn: Connection,
+    // First: dropped (its thread stopped) before the main connection closes.
+    heartbeat: Mutex<Option<Heartbeat>>,
+    db: Db,
+    location: Location,
     path: PathBuf,
+}
+
+/// The background thread refreshing one run's heartbeat over its own connection.
+struct Heartbeat {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    fn start(location: Location, run_id: String) -> Self {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("kiln-heartbeat".into())
+            .spawn(move || {
+                let db = Db::connect(&location);
+                let (lock, cvar) = &*flag;
+                let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    // Checked before waiting: a stop that came while connecting is not missed.
+                    if *stopped {
+                        break;
+                    }
+                    let (guard, _) = cvar
+                        .wait_timeout(stopped, HEARTBEAT_PERIOD)
+                        .unwrap_or_else(|p| p.into_inner());
+                    stopped = guard;
+                    if *stopped {
+                        break;
+                    }
+                    let beat = db.as_ref().map_err(|e| e.to_string()).and_then(|db| {
+                        db.execute(
+                            "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1 AND status = 'running'",
+                            &[run_id.as_str().into(), now_s().into()],
+                        )
+                        .map_err(|e| e.to_string())
+                    });
+                    if let Err(e) = beat {
+                        tracing::warn!("run registry heartbeat of {run_id}: {e}");
+                    }
+                }
+            })
+            .ok();
+        Self { stop, thread }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        let (lock, cvar) = &*self.stop;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        cvar.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Now, Unix seconds.
+fn now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// This machine's host name.
@@ -263,82 +383,75 @@ fn json_col(v: Option<String>) -> Option<serde_json::Value> {
 }
 
 impl Registry {
-    /// Open (creating and migrating as needed).
+    /// Open (creating and migrating as needed) the registry at `path`: an SQLite file, or —
+    /// when the path is a URL — `sqlite:///file` or `postgres://…` (see [`Location::parse`]).
     pub fn open(path: &Path) -> Result<Self, RegistryError> {
-        if let Some(parent) = path.parent()
+        Self::open_location(Location::from_path(path))
+    }
+
+    /// Open (creating and migrating as needed) the registry at `location`.
+    pub fn open_location(location: Location) -> Result<Self, RegistryError> {
+        let shown = PathBuf::from(location.display());
+        if let Location::Sqlite(path) = &location
+            && let Some(parent) = path.parent()
             && !parent.as_os_str().is_empty()
         {
             std::fs::create_dir_all(parent).map_err(|source| RegistryError::Io {
-                path: path.to_path_buf(),
+                path: shown.clone(),
                 source,
             })?;
         }
         let sql = |source| RegistryError::Sql {
-            path: path.to_path_buf(),
+            path: shown.clone(),
             source,
         };
-        let conn = Connection::open(path).map_err(sql)?;
-        conn.busy_timeout(Duration::from_secs(30)).map_err(sql)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(sql)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(sql)?;
-        let mut reg = Self {
-            conn,
-            path: path.to_path_buf(),
-        };
-        reg.migrate()?;
-        Ok(reg)
+        let mut db = Db::connect(&location).map_err(sql)?;
+        db.migrate(MIGRATIONS).map_err(sql)?;
+        Ok(Self {
+            db,
+            location,
+            path: shown,
+            heartbeat: Mutex::new(None),
+        })
     }
 
-    /// Open for reading only: no migration, no write to the database (SQLite may still create
-    /// its `-shm`/`-wal` companions where the directory allows, as for any WAL reader). Works
-    /// on a read-only mount: when SQLite cannot set up WAL shared memory there (no `-shm` file
-    /// and no way to create one), the database is opened as immutable, which is exact because
-    /// a cleanly closed WAL database has no `-wal` content left (with a non-empty `-wal` the
-    /// open fails rather than miss rows). For the read-only commands (`kiln runs …`).
+    /// Open for reading only: no migration, no write to the database. For SQLite, SQLite may
+    /// still create its `-shm`/`-wal` companions where the directory allows, as for any WAL
+    /// reader; on a read-only mount, when SQLite cannot set up WAL shared memory there (no
+    /// `-shm` file and no way to create one), the database is opened as immutable, which is
+    /// exact because a cleanly closed WAL database has no `-wal` content left (with a
+    /// non-empty `-wal` the open fails rather than miss rows). For PostgreSQL, the session is
+    /// read-only. For the read-only commands (`kiln runs …`).
     pub fn open_read_only(path: &Path) -> Result<Self, RegistryError> {
-        use rusqlite::OpenFlags;
+        let location = Location::from_path(path);
+        let shown = PathBuf::from(location.display());
         let sql = |source| RegistryError::Sql {
-            path: path.to_path_buf(),
+            path: shown.clone(),
             source,
         };
-        if !path.is_file() {
-            return Err(RegistryError::Io {
-                path: path.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such registry file"),
-            });
-        }
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
-            | OpenFlags::SQLITE_OPEN_URI
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let check = |conn: Connection| -> Result<Self, rusqlite::Error> {
-            conn.busy_timeout(Duration::from_secs(30))?;
-            let _: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-            Ok(Self {
-                conn,
-                path: path.to_path_buf(),
-            })
-        };
-        let plain = Connection::open_with_flags(path, flags).and_then(check);
-        let reg = match plain {
-            Ok(reg) => reg,
-            Err(first) => {
-                let wal = wal_file(path);
-                if wal.metadata().is_ok_and(|m| m.len() > 0) {
-                    // Immutable mode would ignore the committed rows still in the WAL.
-                    return Err(sql(first));
-                }
-                let uri = format!("file:{}?immutable=1", uri_path(path));
-                Connection::open_with_flags(&uri, flags)
-                    .and_then(check)
-                    .map_err(|_| sql(first))?
+        let db = match &location {
+            Location::Postgres(url) => Db::connect_pg_read_only(url).map_err(sql)?,
+            Location::Sqlite(file) if !file.is_file() => {
+                return Err(RegistryError::Io {
+                    path: shown,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no such registry file",
+                    ),
+                });
             }
+            Location::Sqlite(file) => Self::sqlite_read_only(file).map_err(sql)?,
+        };
+        let reg = Self {
+            db,
+            location,
+            path: shown.clone(),
+            heartbeat: Mutex::new(None),
         };
         let version = reg.schema_version()?;
         if version != MIGRATIONS.len() as i64 {
             return Err(RegistryError::Io {
-                path: path.to_path_buf(),
+                path: shown,
                 source: std::io::Error::other(format!(
                     "schema version {version}, this kiln reads version {}; open it once with a kiln that may write to it (e.g. `kiln train`) to migrate",
                     MIGRATIONS.len()
@@ -348,225 +461,274 @@ impl Registry {
         Ok(reg)
     }
 
-    fn err(&self) -> impl Fn(rusqlite::Error) -> RegistryError + '_ {
+    fn sqlite_read_only(path: &Path) -> Result<Db, DbError> {
+        use rusqlite::{Connection, OpenFlags};
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let check = |conn: Connection| -> Result<Connection, rusqlite::Error> {
+            conn.busy_timeout(Duration::from_secs(30))?;
+            let _: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            Ok(conn)
+        };
+        match Connection::open_with_flags(path, flags).and_then(check) {
+            Ok(conn) => Ok(Db::Sqlite(conn)),
+            Err(first) => {
+                let wal = wal_file(path);
+                if wal.metadata().is_ok_and(|m| m.len() > 0) {
+                    // Immutable mode would ignore the committed rows still in the WAL.
+                    return Err(first.into());
+                }
+                let uri = format!("file:{}?immutable=1", uri_path(path));
+                Connection::open_with_flags(&uri, flags)
+                    .and_then(check)
+                    .map(Db::Sqlite)
+                    .map_err(|_| first.into())
+            }
+        }
+    }
+
+    /// Where this registry lives.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// The open connection, for statements beyond this API (tests planting rows, tools).
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    fn err(&self) -> impl Fn(DbError) -> RegistryError + '_ {
         move |source| RegistryError::Sql {
             path: self.path.clone(),
             source,
         }
     }
 
+    fn execute(&self, sql: &str, params: &[Value]) -> Result<usize, RegistryError> {
+        self.db.execute(sql, params).map_err(self.err())
+    }
+
+    fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, RegistryError> {
+        self.db.query(sql, params).map_err(self.err())
+    }
+
     /// The schema version.
     pub fn schema_version(&self) -> Result<i64, RegistryError> {
-        self.conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(self.err())
+        self.db.schema_version().map_err(self.err())
     }
 
-    fn migrate(&mut self) -> Result<(), RegistryError> {
-        let path = self.path.clone();
-        let sql = move |source| RegistryError::Sql {
-            path: path.clone(),
-            source,
-        };
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(&sql)?;
-        let version: i64 = tx
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(&sql)?;
-        for (i, m) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
-            tx.execute_batch(m).map_err(&sql)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)
-                .map_err(&sql)?;
-        }
-        tx.commit().map_err(&sql)
-    }
-
-    /// Mark `running` rows of this host whose process is gone as `killed`. Returns how many.
+    /// Mark `running` rows whose run is gone as `killed`: on this host, when the process no
+    /// longer exists; on any host, when the heartbeat is older than [`HEARTBEAT_TIMEOUT`].
+    /// Returns how many.
     pub fn reap_stale(&self) -> Result<usize, RegistryError> {
+        self.reap_stale_at(now_s(), HEARTBEAT_TIMEOUT)
+    }
+
+    /// [`Registry::reap_stale`] as of `now` (Unix seconds) with a given heartbeat timeout.
+    pub fn reap_stale_at(&self, now: f64, timeout: Duration) -> Result<usize, RegistryError> {
         let host = hostname();
-        let mut stmt = self
-            .conn
-            .prepare("SELECT id, pid, pid_start FROM runs WHERE status = 'running' AND host = ?1")
-            .map_err(self.err())?;
-        let rows: Vec<(String, i64, Option<i64>)> = stmt
-            .query_map([&host], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .map_err(self.err())?
-            .collect::<Result<_, _>>()
-            .map_err(self.err())?;
+        let rows = self.query(
+            "SELECT id, host, pid, pid_start, heartbeat_at FROM runs WHERE status = 'running'",
+            &[],
+        )?;
         let mut n = 0;
-        for (id, pid, start) in rows {
-            if !process_alive(pid, start) {
-                n += self
-                    .conn
-                    .execute(
-                        "UPDATE runs SET status = 'killed', reason = ?2, ended_at = ?3
-                         WHERE id = ?1 AND status = 'running'",
-                        params![
-                            id,
-                            format!("process {pid} on {host} disappeared without finishing"),
-                            crate::util::rfc3339(crate::util::unix_now())
-                        ],
+        for row in rows {
+            let id = row[0].text().unwrap_or_default();
+            let run_host = row[1].text().unwrap_or_default();
+            let pid = row[2].int().unwrap_or(0);
+            let beat = row[4].real();
+            let reason = if run_host == host {
+                // Same host: the process table is the truth (a live process is alive even
+                // when its heartbeat lags; a gone one is dead even with a fresh heartbeat).
+                (!process_alive(pid, row[3].int()))
+                    .then(|| format!("process {pid} on {host} disappeared without finishing"))
+            } else {
+                beat.filter(|b| now - b > timeout.as_secs_f64()).map(|b| {
+                    format!(
+                        "no heartbeat from process {pid} on {run_host} for {:.0} s (timeout {} s)",
+                        now - b,
+                        timeout.as_secs()
                     )
-                    .map_err(self.err())?;
+                })
+            };
+            if let Some(reason) = reason {
+                n += self.execute(
+                    "UPDATE runs SET status = 'killed', reason = ?2, ended_at = ?3
+                     WHERE id = ?1 AND status = 'running'",
+                    &[
+                        id.into(),
+                        reason.into(),
+                        crate::util::rfc3339(crate::util::unix_now()).into(),
+                    ],
+                )?;
             }
         }
         Ok(n)
     }
 
-    /// Register a starting run (or re-register a resumed one as running).
+    /// Register a starting run (or re-register a resumed one as running), and start its
+    /// heartbeat.
     pub fn start_run(&self, r: &NewRun<'_>) -> Result<(), RegistryError> {
         let pid = std::process::id();
-        self.conn
-            .execute(
-                "INSERT INTO runs (id, name, status, host, pid, pid_start, started_at, run_dir,
-                                   config_text, config_sha256, git_commit, environment)
-                 VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-                 ON CONFLICT(id) DO UPDATE SET status = 'running', reason = NULL, ended_at = NULL,
-                     host = excluded.host, pid = excluded.pid, pid_start = excluded.pid_start",
-                params![
-                    r.id,
-                    r.name,
-                    hostname(),
-                    pid,
-                    process_start(pid),
-                    r.started_at,
-                    r.run_dir.display().to_string(),
-                    r.config_text,
-                    r.config_sha256,
-                    git_commit(),
-                    r.environment.to_string(),
-                ],
-            )
-            .map_err(self.err())?;
+        self.execute(
+            "INSERT INTO runs (id, name, status, host, pid, pid_start, started_at, run_dir,
+                               config_text, config_sha256, git_commit, environment, heartbeat_at)
+             VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+             ON CONFLICT(id) DO UPDATE SET status = 'running', reason = NULL, ended_at = NULL,
+                 host = excluded.host, pid = excluded.pid, pid_start = excluded.pid_start,
+                 heartbeat_at = excluded.heartbeat_at",
+            &[
+                r.id.into(),
+                r.name.into(),
+                hostname().into(),
+                i64::from(pid).into(),
+                process_start(pid).into(),
+                r.started_at.into(),
+                r.run_dir.display().to_string().into(),
+                r.config_text.into(),
+                r.config_sha256.into(),
+                git_commit().into(),
+                r.environment.to_string().into(),
+                now_s().into(),
+            ],
+        )?;
+        let mut hb = self.heartbeat.lock().unwrap_or_else(|p| p.into_inner());
+        *hb = Some(Heartbeat::start(self.location.clone(), r.id.to_string()));
         Ok(())
     }
 
     /// Record one epoch (idempotent per run, stage and epoch).
     pub fn log_epoch(&self, run_id: &str, e: &EpochRecord) -> Result<(), RegistryError> {
-        self.conn
-            .execute(
-                "INSERT OR REPLACE INTO epochs (run_id, stage, stage_name, epoch, steps, train_loss,
-                     val_loss, lr, grad_norm_mean, grad_norm_max, clipped_frac, samples_per_s, data_wait_frac,
-                     data_wait_s, compute_s, validation_s)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-                params![
-                    run_id,
-                    e.stage as i64,
-                    e.stage_name,
-                    e.epoch as i64,
-                    e.steps as i64,
-                    e.train_loss,
-                    e.val_loss,
-                    e.lr,
-                    e.grad_norm_mean,
-                    e.grad_norm_max,
-                    e.clipped_frac,
-                    e.samples_per_s,
-                    e.data_wait_frac,
-                    e.data_wait_s,
-                    e.compute_s,
-                    e.validation_s,
-                ],
-            )
-            .map_err(self.err())?;
+        self.execute(
+            "INSERT INTO epochs (run_id, stage, stage_name, epoch, steps, train_loss,
+                 val_loss, lr, grad_norm_mean, grad_norm_max, clipped_frac, samples_per_s, data_wait_frac,
+                 data_wait_s, compute_s, validation_s)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+             ON CONFLICT(run_id, stage, epoch) DO UPDATE SET stage_name = excluded.stage_name,
+                 steps = excluded.steps, train_loss = excluded.train_loss,
+                 val_loss = excluded.val_loss, lr = excluded.lr,
+                 grad_norm_mean = excluded.grad_norm_mean, grad_norm_max = excluded.grad_norm_max,
+                 clipped_frac = excluded.clipped_frac, samples_per_s = excluded.samples_per_s,
+                 data_wait_frac = excluded.data_wait_frac, data_wait_s = excluded.data_wait_s,
+                 compute_s = excluded.compute_s, validation_s = excluded.validation_s",
+            &[
+                run_id.into(),
+                (e.stage as i64).into(),
+                e.stage_name.as_str().into(),
+                (e.epoch as i64).into(),
+                (e.steps as i64).into(),
+                e.train_loss.into(),
+                e.val_loss.into(),
+                e.lr.into(),
+                e.grad_norm_mean.into(),
+                e.grad_norm_max.into(),
+                e.clipped_frac.into(),
+                e.samples_per_s.into(),
+                e.data_wait_frac.into(),
+                e.data_wait_s.into(),
+                e.compute_s.into(),
+                e.validation_s.into(),
+            ],
+        )?;
         Ok(())
     }
 
-    /// Record how a run ended.
+    /// Record how a run ended (and stop its heartbeat).
     pub fn finish_run(&self, run_id: &str, end: &RunEnd) -> Result<(), RegistryError> {
-        self.conn
-            .execute(
-                "UPDATE runs SET status = ?2, reason = ?3, ended_at = ?4,
-                     dataset_sha256 = COALESCE(?5, dataset_sha256), param_count = COALESCE(?6, param_count),
-                     artifact_path = COALESCE(?7, artifact_path), final_metrics = COALESCE(?8, final_metrics),
-                     val_metric = COALESCE(?9, val_metric), latency = COALESCE(?10, latency),
-                     latency_b1_p50_us = COALESCE(?11, latency_b1_p50_us),
-                     latency_b128_p50_us = COALESCE(?12, latency_b128_p50_us)
-                 WHERE id = ?1",
-                params![
-                    run_id,
-                    end.status,
-                    end.reason,
-                    crate::util::rfc3339(crate::util::unix_now()),
-                    end.dataset_sha256,
-                    end.param_count,
-                    end.artifact_path,
-                    end.final_metrics.as_ref().map(|v| v.to_string()),
-                    end.val_metric,
-                    end.latency.as_ref().map(|v| v.to_string()),
-                    end.latency_b1_p50_us,
-                    end.latency_b128_p50_us,
-                ],
-            )
-            .map_err(self.err())?;
+        self.heartbeat
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        self.execute(
+            "UPDATE runs SET status = ?2, reason = ?3, ended_at = ?4,
+                 dataset_sha256 = COALESCE(?5, dataset_sha256), param_count = COALESCE(?6, param_count),
+                 artifact_path = COALESCE(?7, artifact_path), final_metrics = COALESCE(?8, final_metrics),
+                 val_metric = COALESCE(?9, val_metric), latency = COALESCE(?10, latency),
+                 latency_b1_p50_us = COALESCE(?11, latency_b1_p50_us),
+                 latency_b128_p50_us = COALESCE(?12, latency_b128_p50_us)
+             WHERE id = ?1",
+            &[
+                run_id.into(),
+                end.status.as_str().into(),
+                end.reason.as_deref().into(),
+                crate::util::rfc3339(crate::util::unix_now()).into(),
+                end.dataset_sha256.as_deref().into(),
+                end.param_count.into(),
+                end.artifact_path.as_deref().into(),
+                end.final_metrics.as_ref().map(|v| v.to_string()).into(),
+                end.val_metric.into(),
+                end.latency.as_ref().map(|v| v.to_string()).into(),
+                end.latency_b1_p50_us.into(),
+                end.latency_b128_p50_us.into(),
+            ],
+        )?;
         Ok(())
     }
 
-    fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
-        Ok(RunRow {
-            id: r.get("id")?,
-            name: r.get("name")?,
-            status: r.get("status")?,
-            reason: r.get("reason")?,
-            host: r.get("host")?,
-            pid: r.get("pid")?,
-            started_at: r.get("started_at")?,
-            ended_at: r.get("ended_at")?,
-            run_dir: r.get("run_dir")?,
-            config_text: r.get("config_text")?,
-            config_sha256: r.get("config_sha256")?,
-            git_commit: r.get("git_commit")?,
-            dataset_sha256: r.get("dataset_sha256")?,
-            param_count: r.get("param_count")?,
-            artifact_path: r.get("artifact_path")?,
-            environment: json_col(r.get("environment")?),
-            final_metrics: json_col(r.get("final_metrics")?),
-            val_metric: r.get("val_metric")?,
-            latency: json_col(r.get("latency")?),
-            latency_b1_p50_us: r.get("latency_b1_p50_us")?,
-            latency_b128_p50_us: r.get("latency_b128_p50_us")?,
-        })
+    fn row(r: &[Value]) -> RunRow {
+        let text = |i: usize| r[i].text();
+        RunRow {
+            id: text(0).unwrap_or_default(),
+            name: text(1).unwrap_or_default(),
+            status: text(2).unwrap_or_default(),
+            reason: text(3),
+            host: text(4).unwrap_or_default(),
+            pid: r[5].int().unwrap_or(0),
+            started_at: text(6).unwrap_or_default(),
+            ended_at: text(7),
+            run_dir: text(8).unwrap_or_default(),
+            config_text: text(9).unwrap_or_default(),
+            config_sha256: text(10).unwrap_or_default(),
+            git_commit: text(11),
+            dataset_sha256: text(12),
+            param_count: r[13].int(),
+            artifact_path: text(14),
+            environment: json_col(text(15)),
+            final_metrics: json_col(text(16)),
+            val_metric: r[17].real(),
+            latency: json_col(text(18)),
+            latency_b1_p50_us: r[19].real(),
+            latency_b128_p50_us: r[20].real(),
+            heartbeat_at: r[21].real(),
+        }
     }
 
     /// All runs, oldest first.
     pub fn list(&self) -> Result<Vec<RunRow>, RegistryError> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT * FROM runs ORDER BY started_at, id")
-            .map_err(self.err())?;
-        let rows = stmt
-            .query_map([], Self::row)
-            .map_err(self.err())?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(self.err())?;
-        Ok(rows)
+        Ok(self
+            .query(
+                &format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY started_at, id"),
+                &[],
+            )?
+            .iter()
+            .map(|r| Self::row(r))
+            .collect())
     }
 
     /// The run whose id is `id` or starts with it (unique prefix).
     pub fn get(&self, id: &str) -> Result<RunRow, RegistryError> {
         if let Some(r) = self
-            .conn
-            .query_row("SELECT * FROM runs WHERE id = ?1", [id], Self::row)
-            .optional()
-            .map_err(self.err())?
+            .query(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
+                &[id.into()],
+            )?
+            .first()
         {
-            return Ok(r);
+            return Ok(Self::row(r));
         }
-        let mut stmt = self
-            .conn
-            .prepare("SELECT * FROM runs WHERE id LIKE ?1 || '%' ESCAPE '\\' ORDER BY id")
-            .map_err(self.err())?;
         let escaped = id
             .replace('\\', "\\\\")
             .replace('%', "\\%")
             .replace('_', "\\_");
-        let rows: Vec<RunRow> = stmt
-            .query_map([escaped], Self::row)
-            .map_err(self.err())?
-            .collect::<Result<_, _>>()
-            .map_err(self.err())?;
+        let rows: Vec<RunRow> = self
+            .query(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id LIKE ?1 ESCAPE '\\' ORDER BY id"),
+                &[format!("{escaped}%").into()],
+            )?
+            .iter()
+            .map(|r| Self::row(r))
+            .collect();
         match rows.len() {
             0 => Err(RegistryError::NotFound(id.to_string())),
             1 => Ok(rows.into_iter().next().expect("one")),
@@ -582,93 +744,151 @@ impl Registry {
 
     /// Record a promotion decision; returns its row id.
     pub fn record_promotion(&self, p: &PromotionRow) -> Result<i64, RegistryError> {
-        self.conn
-            .execute(
-                "INSERT INTO promotions (at, repository, model, candidate, run_id,
-                     incumbent_version, version, decision, details)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
-                    p.at,
-                    p.repository,
-                    p.model,
-                    p.candidate,
-                    p.run_id,
-                    p.incumbent_version,
-                    p.version,
-                    p.decision,
-                    p.details.to_string(),
-                ],
-            )
-            .map_err(self.err())?;
-        Ok(self.conn.last_insert_rowid())
+        let rows = self.query(
+            "INSERT INTO promotions (at, repository, model, candidate, run_id,
+                 incumbent_version, version, decision, details)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id",
+            &[
+                (&p.at).into(),
+                (&p.repository).into(),
+                (&p.model).into(),
+                (&p.candidate).into(),
+                p.run_id.as_deref().into(),
+                p.incumbent_version.into(),
+                p.version.into(),
+                (&p.decision).into(),
+                p.details.to_string().into(),
+            ],
+        )?;
+        Ok(rows
+            .first()
+            .and_then(|r| r.first())
+            .and_then(Value::int)
+            .unwrap_or(0))
     }
 
     /// Promotion decisions, oldest first; of one model when `model` is given.
     pub fn promotions(&self, model: Option<&str>) -> Result<Vec<PromotionRow>, RegistryError> {
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT id, at, repository, model, candidate, run_id, incumbent_version, version,
-                        decision, details
-                 FROM promotions WHERE ?1 IS NULL OR model = ?1 ORDER BY id",
-            )
-            .map_err(self.err())?;
-        let rows = stmt
-            .query_map([model], |r| {
-                Ok(PromotionRow {
-                    id: r.get(0)?,
-                    at: r.get(1)?,
-                    repository: r.get(2)?,
-                    model: r.get(3)?,
-                    candidate: r.get(4)?,
-                    run_id: r.get(5)?,
-                    incumbent_version: r.get(6)?,
-                    version: r.get(7)?,
-                    decision: r.get(8)?,
-                    details: json_col(r.get(9)?).unwrap_or(serde_json::Value::Null),
-                })
+        const COLUMNS: &str = "SELECT id, at, repository, model, candidate, run_id,
+                incumbent_version, version, decision, details FROM promotions";
+        let rows = match model {
+            Some(m) => self.query(
+                &format!("{COLUMNS} WHERE model = ?1 ORDER BY id"),
+                &[m.into()],
+            )?,
+            None => self.query(&format!("{COLUMNS} ORDER BY id"), &[])?,
+        };
+        Ok(rows
+            .iter()
+            .map(|r| PromotionRow {
+                id: r[0].int().unwrap_or(0),
+                at: r[1].text().unwrap_or_default(),
+                repository: r[2].text().unwrap_or_default(),
+                model: r[3].text().unwrap_or_default(),
+                candidate: r[4].text().unwrap_or_default(),
+                run_id: r[5].text(),
+                incumbent_version: r[6].int(),
+                version: r[7].int(),
+                decision: r[8].text().unwrap_or_default(),
+                details: json_col(r[9].text()).unwrap_or(serde_json::Value::Null),
             })
-            .map_err(self.err())?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(self.err())?;
-        Ok(rows)
+            .collect())
     }
 
     /// A run's epochs in order.
     pub fn epochs(&self, run_id: &str) -> Result<Vec<EpochRecord>, RegistryError> {
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT stage, stage_name, epoch, steps, train_loss, val_loss, lr, grad_norm_mean,
-                        grad_norm_max, clipped_frac, samples_per_s, data_wait_frac,
-                        data_wait_s, compute_s, validation_s
-                 FROM epochs WHERE run_id = ?1 ORDER BY stage, epoch",
-            )
-            .map_err(self.err())?;
-        let rows = stmt
-            .query_map([run_id], |r| {
-                Ok(EpochRecord {
-                    stage: r.get::<_, i64>(0)? as usize,
-                    stage_name: r.get(1)?,
-                    epoch: r.get::<_, i64>(2)? as usize,
-                    steps: r.get::<_, i64>(3)? as u64,
-                    train_loss: r.get(4)?,
-                    val_loss: r.get(5)?,
-                    lr: r.get(6)?,
-                    grad_norm_mean: r.get(7)?,
-                    grad_norm_max: r.get(8)?,
-                    clipped_frac: r.get(9)?,
-                    samples_per_s: r.get(10)?,
-                    data_wait_frac: r.get(11)?,
-                    data_wait_s: seconds(r.get(12)?),
-                    compute_s: seconds(r.get(13)?),
-                    validation_s: seconds(r.get(14)?),
-                })
+        let rows = self.query(
+            "SELECT stage, stage_name, epoch, steps, train_loss, val_loss, lr, grad_norm_mean,
+                    grad_norm_max, clipped_frac, samples_per_s, data_wait_frac,
+                    data_wait_s, compute_s, validation_s
+             FROM epochs WHERE run_id = ?1 ORDER BY stage, epoch",
+            &[run_id.into()],
+        )?;
+        let f = |v: &Value| v.real().unwrap_or(f64::NAN);
+        Ok(rows
+            .iter()
+            .map(|r| EpochRecord {
+                stage: r[0].int().unwrap_or(0) as usize,
+                stage_name: r[1].text().unwrap_or_default(),
+                epoch: r[2].int().unwrap_or(0) as usize,
+                steps: r[3].int().unwrap_or(0) as u64,
+                train_loss: f(&r[4]),
+                val_loss: f(&r[5]),
+                lr: f(&r[6]),
+                grad_norm_mean: f(&r[7]),
+                grad_norm_max: f(&r[8]),
+                clipped_frac: f(&r[9]),
+                samples_per_s: f(&r[10]),
+                data_wait_frac: f(&r[11]),
+                data_wait_s: seconds(r[12].real()),
+                compute_s: seconds(r[13].real()),
+                validation_s: seconds(r[14].real()),
             })
-            .map_err(self.err())?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(self.err())?;
-        Ok(rows)
+            .collect())
+    }
+
+    /// The run holding member `index` of sweep `sweep_id`, when one was claimed.
+    pub fn sweep_member(
+        &self,
+        sweep_id: &str,
+        index: usize,
+    ) -> Result<Option<SweepMemberRow>, RegistryError> {
+        Ok(self
+            .query(
+                "SELECT sweep_id, idx, run_id, run_dir, claimed_at FROM sweep_members
+                 WHERE sweep_id = ?1 AND idx = ?2",
+                &[sweep_id.into(), (index as i64).into()],
+            )?
+            .first()
+            .map(|r| SweepMemberRow {
+                sweep_id: r[0].text().unwrap_or_default(),
+                index: r[1].int().unwrap_or(0),
+                run_id: r[2].text().unwrap_or_default(),
+                run_dir: r[3].text().unwrap_or_default(),
+                claimed_at: r[4].text().unwrap_or_default(),
+            }))
+    }
+
+    /// Claim member `index` of sweep `sweep_id` for `run_id` (in `run_dir`): when `previous`
+    /// is `None` the member must be unclaimed, otherwise it must still be held by `previous`
+    /// (a compare-and-swap, so two processes never both start the same member). Returns
+    /// whether the claim succeeded.
+    pub fn claim_sweep_member(
+        &self,
+        sweep_id: &str,
+        index: usize,
+        run_id: &str,
+        run_dir: &Path,
+        previous: Option<&str>,
+    ) -> Result<bool, RegistryError> {
+        let now = crate::util::rfc3339(crate::util::unix_now());
+        let dir = run_dir.display().to_string();
+        let n = match previous {
+            None => self.execute(
+                "INSERT INTO sweep_members (sweep_id, idx, run_id, run_dir, claimed_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(sweep_id, idx) DO NOTHING",
+                &[
+                    sweep_id.into(),
+                    (index as i64).into(),
+                    run_id.into(),
+                    dir.into(),
+                    now.into(),
+                ],
+            )?,
+            Some(prev) => self.execute(
+                "UPDATE sweep_members SET run_id = ?3, run_dir = ?4, claimed_at = ?5
+                 WHERE sweep_id = ?1 AND idx = ?2 AND run_id = ?6",
+                &[
+                    sweep_id.into(),
+                    (index as i64).into(),
+                    run_id.into(),
+                    dir.into(),
+                    now.into(),
+                    prev.into(),
+                ],
+            )?,
+        };
+        Ok(n == 1)
     }
 }
 
@@ -784,7 +1004,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runs.db");
         {
-            let conn = Connection::open(&path).unwrap();
+            let conn = rusqlite::Connection::open(&path).unwrap();
             conn.execute_batch(MIGRATIONS[0]).unwrap();
             conn.pragma_update(None, "user_version", 1).unwrap();
             conn.execute(
@@ -819,8 +1039,8 @@ mod tests {
         reg.start_run(&new_run("alive", dir.path())).unwrap();
         reg.start_run(&new_run("dead", dir.path())).unwrap();
         // Pretend "dead" was started by a process that has gone.
-        reg.conn
-            .execute("UPDATE runs SET pid = 999999999 WHERE id = 'dead'", [])
+        reg.db
+            .execute("UPDATE runs SET pid = 999999999 WHERE id = 'dead'", &[])
             .unwrap();
         assert_eq!(reg.reap_stale().unwrap(), 1);
         assert_eq!(reg.get("dead").unwrap().status, "killed");
@@ -833,10 +1053,10 @@ mod tests {
         );
         assert_eq!(reg.get("alive").unwrap().status, "running");
         // A recycled pid (same number, different start time) is not the original process.
-        reg.conn
+        reg.db
             .execute(
                 "UPDATE runs SET pid_start = pid_start + 1 WHERE id = 'alive'",
-                [],
+                &[],
             )
             .unwrap();
         assert_eq!(reg.reap_stale().unwrap(), 1);

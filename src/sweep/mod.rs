@@ -14,9 +14,15 @@
 //! list:                            # explicit extra runs
 //!   - {model.hidden: [8]}
 //! ```
+//!
+//! Besides running every member from one process ([`run_sweep`]), a sweep can run as an
+//! indexed job: [`plan`], then [`run_index`] once per index (from as many processes or hosts
+//! as wanted, sharing one registry), then [`summarize`].
 
+mod indexed;
 mod runner;
 
+pub use indexed::{IndexOutcome, PlannedRun, SweepPlan, plan, run_index, summarize};
 pub use runner::{
     InProcessLauncher, LaunchRequest, Launched, Launcher, Member, ProcessLauncher, SweepError,
     SweepOptions, SweepReport, run_sweep,

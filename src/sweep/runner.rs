@@ -203,6 +203,25 @@ pub enum SweepError {
     /// The registry could not be opened or read.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// `--index` is outside the sweep.
+    #[error("index {index} is outside the sweep's {count} runs (0..{count})")]
+    Index {
+        /// The index asked for.
+        index: usize,
+        /// How many runs the sweep has.
+        count: usize,
+    },
+    /// Another live process holds the member.
+    #[error("{0}")]
+    Busy(String),
+    /// The member's run could not be prepared or failed.
+    #[error("sweep run {index}: {message}")]
+    Member {
+        /// The member's index.
+        index: usize,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 /// Progress callback: (members done, total, the member that just finished).
@@ -283,6 +302,15 @@ pub fn run_sweep(
             m.latency_b1_p50_us = r.latency_b1_p50_us;
         }
     }
+    Ok(report(
+        members,
+        spec.tolerance,
+        started.elapsed().as_secs_f64(),
+    ))
+}
+
+/// The right-sizing answer over `members` (those with a validation metric take part).
+pub(super) fn report(members: Vec<Member>, tolerance: f64, wall_s: f64) -> SweepReport {
     let ok: Vec<usize> = (0..members.len())
         .filter(|&i| members[i].val_metric.is_some())
         .collect();
@@ -295,14 +323,14 @@ pub fn run_sweep(
             )
         })
         .collect();
-    let answer = analysis::right_size(&pts, spec.tolerance);
+    let answer = analysis::right_size(&pts, tolerance);
     let failed = members.iter().filter(|m| m.error.is_some()).count();
-    Ok(SweepReport {
+    SweepReport {
         runs: members,
-        tolerance: spec.tolerance,
+        tolerance,
         best: answer.map(|(b, _)| ok[b]),
         right_sized: answer.map(|(_, c)| ok[c]),
         failed,
-        wall_s: started.elapsed().as_secs_f64(),
-    })
+        wall_s,
+    }
 }
