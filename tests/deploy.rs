@@ -318,6 +318,13 @@ fn ports_probes_and_the_drain_agree_with_the_server() {
     let cport = &c["ports"][0];
     assert_eq!(cport["containerPort"].as_u64(), Some(port));
     assert_eq!(flag_value(serve, "--host"), Some("0.0.0.0"));
+    // The KServe v2 gRPC endpoint is exposed on the port the server is told to use.
+    let grpc: u64 = flag_value(serve, "--grpc-port").unwrap().parse().unwrap();
+    let gport = &c["ports"][1];
+    assert_eq!(
+        (gport["name"].as_str(), gport["containerPort"].as_u64()),
+        (Some("grpc"), Some(grpc))
+    );
     let name = cport["name"].as_str().unwrap();
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/v2/health/ready");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/v2/health/live");
@@ -331,6 +338,7 @@ fn ports_probes_and_the_drain_agree_with_the_server() {
         assert_eq!(&labels[k], v, "selector {k}");
     }
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], name);
+    assert_eq!(svc["spec"]["ports"][1]["targetPort"], "grpc");
     let hpa = k8s("serve-hpa.yaml");
     assert_eq!(
         hpa["spec"]["scaleTargetRef"]["name"],
@@ -368,7 +376,7 @@ fn ports_probes_and_the_drain_agree_with_the_server() {
     // The probe paths answer on a real server (an empty repository is ready).
     let repo = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--port", "0", "--repository"])
+        .args(["serve", "--port", "0", "--grpc-port", "0", "--repository"])
         .arg(repo.path())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

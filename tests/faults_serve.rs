@@ -130,7 +130,16 @@ impl Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .args(["serve", "--repository"])
             .arg(repo)
-            .args(["--port", "0", "--engine", ENGINE, "--instances", "1"])
+            .args([
+                "--port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--engine",
+                ENGINE,
+                "--instances",
+                "1",
+            ])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

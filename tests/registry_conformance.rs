@@ -530,7 +530,12 @@ fn promotions_round_trip(backend: Backend) {
         run_id: version.map(|v| format!("run-{v}")),
         incumbent_version: None,
         version,
-        decision: if version.is_some() { "promoted" } else { "refused" }.into(),
+        decision: if version.is_some() {
+            "promoted"
+        } else {
+            "refused"
+        }
+        .into(),
         details: serde_json::json!({"latency": {"b1": 0.25, "b128": [1, 2]}, "why": "ok"}),
     };
     let a = reg.record_promotion(&row("m", Some(1))).unwrap();
@@ -541,8 +546,20 @@ fn promotions_round_trip(backend: Backend) {
     assert_eq!(all.iter().map(|p| p.id).collect::<Vec<_>>(), [a, b, c]);
     let m = reg.promotions(Some("m")).unwrap();
     assert_eq!(m.len(), 2);
-    assert_eq!(m[0], PromotionRow { id: a, ..row("m", Some(1)) });
-    assert_eq!(m[1], PromotionRow { id: b, ..row("m", None) });
+    assert_eq!(
+        m[0],
+        PromotionRow {
+            id: a,
+            ..row("m", Some(1))
+        }
+    );
+    assert_eq!(
+        m[1],
+        PromotionRow {
+            id: b,
+            ..row("m", None)
+        }
+    );
 }
 
 macro_rules! on_both_backends {

@@ -50,7 +50,16 @@ struct Replica {
 
 fn start(repo: &Path) -> Replica {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--port", "0", "--instances", "1", "--repository"])
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--instances",
+            "1",
+            "--repository",
+        ])
         .arg(repo)
         .args(["--poll-interval-ms", &POLL.as_millis().to_string()])
         .stdout(Stdio::null())

@@ -1306,6 +1306,8 @@ async fn sigterm_drains_and_exits_zero() {
     cmd.args(["serve", "--repository"]).arg(repo.path()).args([
         "--port",
         "0",
+        "--grpc-port",
+        "0",
         "--engine",
         ENGINE,
         "--batching",

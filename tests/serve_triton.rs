@@ -260,16 +260,21 @@ async fn statistics_agree_with_metrics_and_with_the_requests_sent() {
     let r = c.get("/v2/models/tiny/versions/x/stats").await.unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
 
-    // The exposition passes Prometheus' own checker when it is installed.
-    match std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-    {
-        Err(_) => eprintln!("SKIPPED: promtool not installed; `promtool check metrics` not run"),
-        Ok(mut child) => {
+    // The exposition passes Prometheus' own checker: the promtool that KILN_TEST_PROMTOOL
+    // names (.ci/promtool.sh installs Debian's and sets it).
+    match std::env::var_os("KILN_TEST_PROMTOOL").map(|p| {
+        std::process::Command::new(p)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("KILN_TEST_PROMTOOL names a promtool that runs")
+    }) {
+        None => eprintln!(
+            "SKIPPED: KILN_TEST_PROMTOOL is not set (source .ci/promtool.sh); `promtool check metrics` not run"
+        ),
+        Some(mut child) => {
             use std::io::Write;
             child
                 .stdin
@@ -601,4 +606,42 @@ async fn an_on_demand_profile_of_a_loaded_server_has_the_serving_spans() {
     assert!(txt.contains("serve_compute"), "{txt}");
     assert!(v["table"].as_str().unwrap().contains("serve_queue_wait"));
     h.shutdown().await.unwrap();
+}
+
+/// Triton's own HTTP client reads the statistics and drives the repository extension, in
+/// poll mode and in explicit mode (load, infer, unload), when `KILN_TEST_TRITON_PYTHON`
+/// names a Python with `tritonclient[http]` (`.ci/triton.sh`).
+#[test]
+fn tritonclient_http_reads_statistics_and_controls_the_repository() {
+    let Ok(python) = std::env::var("KILN_TEST_TRITON_PYTHON") else {
+        eprintln!(
+            "SKIPPED: tritonclient_http_reads_statistics_and_controls_the_repository: \
+             KILN_TEST_TRITON_PYTHON is not set (source .ci/triton.sh)"
+        );
+        return;
+    };
+    let script = common::root().join("tests/triton/http_extensions.py");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for mode in [ModelControlMode::Poll, ModelControlMode::Explicit] {
+        let repo = common::repository_of(trained());
+        let h = rt.block_on(serve(ServeConfig {
+            model_control: mode,
+            ..config(repo.path())
+        }));
+        let mut cmd = std::process::Command::new(&python);
+        cmd.arg(&script)
+            .arg(format!("127.0.0.1:{}", h.addr.port()))
+            .arg("tiny");
+        if mode == ModelControlMode::Explicit {
+            cmd.arg("--explicit");
+        }
+        let out = cmd.output().expect("run python");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{mode:?}: {stdout}\n{stderr}");
+        assert!(stdout.contains("agree"), "{mode:?}: {stdout}\n{stderr}");
+        rt.block_on(h.shutdown()).unwrap();
+    }
 }

@@ -1,7 +1,9 @@
 //! Files that others read are written atomically: a uniquely named temporary sibling (from
 //! `tempfile`, so two threads or processes writing the same path never share a temp file),
 //! fsync, rename, fsync of the directory. A reader sees the old file or the new one, never a
-//! partial one; a failed write leaves no temporary file behind.
+//! partial one; a failed write leaves no temporary file behind. The file gets the mode an
+//! ordinary `File::create` would give it (0666 less the umask), not the temp file's private
+//! 0600, so a checkpoint or model version written by one user is readable by the server's.
 
 use std::io::Write;
 use std::path::Path;
@@ -31,10 +33,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"),
             )
         })?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}.tmp-"))
-        .tempfile_in(dir)
-        .map_err(|e| at(path, e))?;
+    let prefix = format!(".{name}.tmp-");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Applied at creation, so the umask still narrows it, as for `File::create`.
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder.tempfile_in(dir).map_err(|e| at(path, e))?;
     tmp.write_all(bytes).map_err(|e| at(tmp.path(), e))?;
     tmp.as_file().sync_all().map_err(|e| at(tmp.path(), e))?;
     tmp.persist(path).map_err(|e| at(path, e.error))?;
@@ -92,6 +100,18 @@ mod tests {
         let got = std::fs::read(&p).unwrap();
         assert_eq!(got.len(), 64);
         assert!(got.iter().all(|&b| b == got[0]), "a torn file: {got:?}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn atomic_files_get_the_mode_of_an_ordinary_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("atomic"), d.path().join("plain"));
+        write_atomic(&a, b"x").unwrap();
+        std::fs::write(&b, b"x").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&a), mode(&b));
     }
 
     #[test]

@@ -304,6 +304,9 @@ fn sqlite_row(row: &rusqlite::Row<'_>, n: usize) -> rusqlite::Result<Vec<Value>>
         .collect()
 }
 
+/// How long an SQLite statement (or opening the file) waits for another process's lock.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The advisory lock key that serializes migrations on one PostgreSQL database.
 const PG_MIGRATION_LOCK: i64 = 0x6b69_6c6e; // "kiln"
 
@@ -312,11 +315,35 @@ impl Db {
     pub fn connect(location: &Location) -> Result<Self, DbError> {
         match location {
             Location::Sqlite(path) => {
-                let conn = rusqlite::Connection::open(path)?;
-                conn.busy_timeout(Duration::from_secs(30))?;
-                conn.pragma_update(None, "journal_mode", "WAL")?;
-                conn.pragma_update(None, "synchronous", "NORMAL")?;
-                Ok(Db::Sqlite(conn))
+                let open = || -> Result<rusqlite::Connection, rusqlite::Error> {
+                    let conn = rusqlite::Connection::open(path)?;
+                    conn.busy_timeout(SQLITE_BUSY_TIMEOUT)?;
+                    conn.pragma_update(None, "journal_mode", "WAL")?;
+                    conn.pragma_update(None, "synchronous", "NORMAL")?;
+                    Ok(conn)
+                };
+                // Switching a new file to WAL needs it to itself, and SQLite answers BUSY at
+                // once (no busy handler) while another process is doing the same — as the
+                // processes of an indexed sweep starting together on a fresh registry do.
+                // Retry within the busy timeout, with a little jitter.
+                let deadline = std::time::Instant::now() + SQLITE_BUSY_TIMEOUT;
+                let mut attempt = 0u64;
+                loop {
+                    match open() {
+                        Err(rusqlite::Error::SqliteFailure(e, _))
+                            if matches!(
+                                e.code,
+                                rusqlite::ErrorCode::DatabaseBusy
+                                    | rusqlite::ErrorCode::DatabaseLocked
+                            ) && std::time::Instant::now() < deadline =>
+                        {
+                            attempt += 1;
+                            let jitter = (u64::from(std::process::id()) + attempt * 7) % 20;
+                            std::thread::sleep(Duration::from_millis(5 + jitter));
+                        }
+                        r => return Ok(Db::Sqlite(r?)),
+                    }
+                }
             }
             Location::Postgres(url) => {
                 let client = postgres::Client::connect(url, postgres::NoTls)?;

@@ -1,13 +1,14 @@
 """Triton's own HTTP client (tritonclient.http) against a running `kiln serve`.
 
-Usage: python tests/triton_http.py HOST:PORT MODEL [--explicit]
+Usage: python tests/triton/http_extensions.py HOST:PORT MODEL [--explicit]
 
 Checks that the statistics extension, the model repository extension and inference answer
 as tritonclient expects them: the server metadata lists `statistics` and `model_repository`;
 inference_count grows by the rows sent and success by the requests sent; the repository index
 parses; with --explicit (a server started with --model-control-mode explicit, MODEL not yet
 loaded) the model is loaded, served, unloaded and reported unavailable. Exits non-zero on the
-first mismatch. Called by .ci/triton.sh when tritonclient is installed.
+first mismatch. Run by tests/serve_triton.rs when KILN_TEST_TRITON_PYTHON names a Python with
+tritonclient (.ci/triton.sh installs one).
 """
 
 import sys
