@@ -30,7 +30,7 @@ use tonic::{Request, Response, Status};
 
 use super::ServeError;
 use super::batcher::InferFailure;
-use super::http::{AppState, Lookup, resolve, slot_not_ready};
+use super::http::{AppState, Lookup, bearer_matches, resolve, slot_not_ready};
 use super::metrics::Failure;
 use super::protocol::{
     Datatype, InferRequest, InputData, InputTensor, JsonData, OutputData, OutputTensor,
@@ -574,17 +574,8 @@ fn authorize<T>(s: &AppState, req: &Request<T>) -> Result<(), Status> {
             let given = req
                 .metadata()
                 .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            // Compare in time independent of where the first difference is.
-            let ok = given.is_some_and(|g| {
-                g.len() == token.len()
-                    && g.bytes()
-                        .zip(token.bytes())
-                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                        == 0
-            });
-            if ok {
+                .and_then(|v| v.to_str().ok());
+            if bearer_matches(given, token) {
                 Ok(())
             } else {
                 Err(Status::unauthenticated(

@@ -617,6 +617,20 @@ fn refused(
     authorize(s, headers, ext).err()
 }
 
+/// Whether an `Authorization` value (HTTP header or gRPC metadata) is `Bearer <token>`,
+/// compared in time independent of where the first difference is.
+pub(crate) fn bearer_matches(authorization: Option<&str>, token: &str) -> bool {
+    authorization
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|g| {
+            g.len() == token.len()
+                && g.bytes()
+                    .zip(token.bytes())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+        })
+}
+
 fn authorize(
     s: &AppState,
     headers: &HeaderMap,
@@ -626,17 +640,8 @@ fn authorize(
         Some(token) => {
             let given = headers
                 .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            // Compare in time independent of where the first difference is.
-            let ok = given.is_some_and(|g| {
-                g.len() == token.len()
-                    && g.bytes()
-                        .zip(token.bytes())
-                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                        == 0
-            });
-            if ok {
+                .and_then(|v| v.to_str().ok());
+            if bearer_matches(given, token) {
                 Ok(())
             } else {
                 let mut r = error(
