@@ -12,7 +12,7 @@ use common::copy_dir;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kiln::artifact::{Checkpoint, WEIGHTS_FILE};
+use kiln::artifact::WEIGHTS_FILE;
 use kiln::serve::client::{HttpClient, HttpResponse};
 use kiln::serve::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 use kiln::serve::grpc::proto::{self as pb, model_infer_request as mir};
@@ -68,17 +68,7 @@ fn http(h: &ServerHandle) -> HttpClient {
 
 /// `n` deterministic rows around the training means.
 fn rows(n: usize, seed: u32) -> Vec<f32> {
-    let ckpt = Checkpoint::load(trained()).unwrap();
-    let f = &ckpt.manifest.features;
-    let mut out = Vec::with_capacity(n * f.len());
-    for r in 0..n {
-        for (j, c) in f.iter().enumerate() {
-            let u = (((r as u32 + 1) * 7919 + (j as u32 + 3) * 104_729 + seed * 31) % 1000) as f64
-                / 1000.0;
-            out.push((c.mean + c.std * (2.0 * u - 1.0)) as f32);
-        }
-    }
-    out
+    common::rows_around_means(trained(), n, seed)
 }
 
 fn le(x: &[f32]) -> Vec<u8> {

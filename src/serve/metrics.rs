@@ -396,6 +396,37 @@ struct Values {
     infer_codes: Mutex<BTreeMap<u16, u64>>,
 }
 
+/// The models and their versions, copied out of the locks (each held only while copying),
+/// in name and version order.
+type Snapshot = (
+    Vec<(String, Arc<ModelMetrics>)>,
+    Vec<(String, u64, Arc<VersionMetrics>)>,
+);
+
+impl Values {
+    fn snapshot(&self) -> Snapshot {
+        let models: Vec<(String, Arc<ModelMetrics>)> = self
+            .models
+            .lock()
+            .expect("metrics lock")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let versions = models
+            .iter()
+            .flat_map(|(name, m)| {
+                m.versions
+                    .lock()
+                    .expect("metrics lock")
+                    .iter()
+                    .map(|(v, vm)| (name.clone(), *v, vm.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        (models, versions)
+    }
+}
+
 /// All metrics of a server.
 #[derive(Debug)]
 pub struct Metrics {
@@ -450,25 +481,7 @@ impl Metrics {
     /// Append Triton's `nv_inference_*` counters (no `_total` suffix, as Triton writes them).
     fn render_triton(&self, out: &mut String) {
         use std::fmt::Write;
-        let models: Vec<(String, Arc<ModelMetrics>)> = self
-            .values
-            .models
-            .lock()
-            .expect("metrics lock")
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let versions: Vec<(String, u64, Arc<VersionMetrics>)> = models
-            .iter()
-            .flat_map(|(name, m)| {
-                m.versions
-                    .lock()
-                    .expect("metrics lock")
-                    .iter()
-                    .map(|(v, vm)| (name.clone(), *v, vm.clone()))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let (_, versions) = self.values.snapshot();
         type Pick = fn(&VersionMetrics) -> u64;
         let families: [(&str, &str, Pick); 9] = [
             (
@@ -630,25 +643,7 @@ fn gauges(
 
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let models: Vec<(String, Arc<ModelMetrics>)> = self
-            .0
-            .models
-            .lock()
-            .expect("metrics lock")
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let versions: Vec<(String, u64, Arc<VersionMetrics>)> = models
-            .iter()
-            .flat_map(|(name, m)| {
-                m.versions
-                    .lock()
-                    .expect("metrics lock")
-                    .iter()
-                    .map(|(v, vm)| (name.clone(), *v, vm.clone()))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let (models, versions) = self.0.snapshot();
         let e = &mut encoder;
         let per_version = |f: &dyn Fn(&VersionMetrics) -> u64| {
             versions

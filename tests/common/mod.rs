@@ -1,4 +1,5 @@
-//! Helpers shared by the serving test binaries (`tests/serve.rs`, `tests/faults_serve.rs`):
+//! Helpers shared by the serving test binaries (`tests/serve.rs`, `tests/faults_serve.rs`,
+//! `tests/grpc.rs`, `tests/serve_triton.rs`, …):
 //! a tiny model trained in-process once per binary, and repositories holding it.
 
 #![allow(dead_code)] // each binary uses its own subset
@@ -67,4 +68,20 @@ pub fn repository_of(trained: &Path) -> tempfile::TempDir {
     let repo = tempfile::tempdir().unwrap();
     copy_dir(trained, &repo.path().join("tiny").join("1"));
     repo
+}
+
+/// `n` deterministic rows of raw features within one standard deviation of the training
+/// means of the checkpoint in `export`.
+pub fn rows_around_means(export: &Path, n: usize, seed: u32) -> Vec<f32> {
+    let ckpt = kiln::artifact::Checkpoint::load(export).unwrap();
+    let f = &ckpt.manifest.features;
+    let mut out = Vec::with_capacity(n * f.len());
+    for r in 0..n {
+        for (j, c) in f.iter().enumerate() {
+            let u = (((r as u32 + 1) * 7919 + (j as u32 + 3) * 104_729 + seed * 31) % 1000) as f64
+                / 1000.0;
+            out.push((c.mean + c.std * (2.0 * u - 1.0)) as f32);
+        }
+    }
+    out
 }
