@@ -194,6 +194,10 @@ enum RunsCommand {
         /// Peers are runs within this relative distance in parameter count.
         #[arg(long, default_value_t = 0.05)]
         size_tolerance: f64,
+        /// ...and only when slower than that median by at least this many µs (the noise floor
+        /// of sub-µs batch-1 medians).
+        #[arg(long, default_value_t = 0.25)]
+        min_delta_us: f64,
         /// Re-profile each flagged run and its peer on identical inputs and print the
         /// operators that explain the gap.
         #[arg(long)]
@@ -370,6 +374,7 @@ fn run(cli: Cli) -> CliResult {
                 batch,
                 ratio,
                 size_tolerance,
+                min_delta_us,
                 attribute,
                 out,
                 json,
@@ -383,6 +388,7 @@ fn run(cli: Cli) -> CliResult {
                         ratio,
                         size_tolerance,
                         min_peers: 2,
+                        min_delta_us,
                     },
                     out,
                 })

@@ -564,6 +564,31 @@ pub struct RegressionArgs<'a> {
 
 /// `kiln runs regressions`: exit code 3 when any run is flagged.
 pub fn regressions(args: &RegressionArgs<'_>) -> CliResult {
+    let rule = &args.rule;
+    for (flag, v, ok) in [
+        ("--ratio", rule.ratio, rule.ratio > 0.0),
+        (
+            "--size-tolerance",
+            rule.size_tolerance,
+            rule.size_tolerance >= 0.0,
+        ),
+        (
+            "--min-delta-us",
+            rule.min_delta_us,
+            rule.min_delta_us >= 0.0,
+        ),
+    ] {
+        if !(ok && v.is_finite()) {
+            return Err(CliError::input(anyhow::anyhow!(
+                "{flag} {v}: expected a finite number{}",
+                if flag == "--ratio" {
+                    " above 0"
+                } else {
+                    " ≥ 0"
+                }
+            )));
+        }
+    }
     let reg = open(args.registry)?;
     let rows = reg.list()?;
     let pts = points(&rows, args.which);
@@ -594,11 +619,12 @@ pub fn regressions(args: &RegressionArgs<'_>) -> CliResult {
     }
     if !args.json {
         eprintln!(
-            "{} run(s) with latency at batch {}; {} flagged (rule: ≥ {:.2}× the median of ≥ {} runs within ±{:.0}% of their parameter count)",
+            "{} run(s) with latency at batch {}; {} flagged (rule: ≥ {:.2}× and ≥ {} µs above the median of ≥ {} runs within ±{:.0}% of their parameter count)",
             pts.len(),
             args.which.batch(),
             flagged.len(),
             args.rule.ratio,
+            args.rule.min_delta_us,
             args.rule.min_peers,
             args.rule.size_tolerance * 100.0
         );

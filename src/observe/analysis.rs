@@ -9,6 +9,12 @@
 //! band (≈2,000 µs) sat among fast runs (≈600 µs) of the same ≈3,800-parameter size, where a
 //! latency-vs-size trend is flat and any global fit would absorb the band. The median keeps a
 //! minority band from dragging the reference up.
+//!
+//! A ratio alone is not enough for small models: at batch 1 kiln's engines answer in
+//! 0.1–0.2 µs, where a run whose benchmark shared the CPU with a neighbour measures 0.16 µs
+//! against its peers' 0.10 µs — 1.6×, and pure noise. So the run must also be slower than the
+//! median by at least [`RegressionRule::min_delta_us`] (0.25 µs, about four times that noise);
+//! a real fall off a fast path (0.1 → 1 µs, or the unfused engine's tens of µs) still clears it.
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +38,14 @@ pub struct RegressionRule {
     pub size_tolerance: f64,
     /// Fewest peers needed to judge a run.
     pub min_peers: usize,
+    /// Flag only when latency − the peers' median is at least this (µs): the noise floor of
+    /// sub-µs medians.
+    #[serde(default = "default_min_delta_us")]
+    pub min_delta_us: f64,
+}
+
+fn default_min_delta_us() -> f64 {
+    0.25
 }
 
 impl Default for RegressionRule {
@@ -40,6 +54,7 @@ impl Default for RegressionRule {
             ratio: 1.5,
             size_tolerance: 0.05,
             min_peers: 2,
+            min_delta_us: default_min_delta_us(),
         }
     }
 }
@@ -93,7 +108,8 @@ pub fn detect(points: &[RunPoint], rule: &RegressionRule) -> Vec<Flagged> {
             continue;
         }
         let m = median(peers.iter().map(|&j| points[j].latency_us).collect());
-        if m > 0.0 && points[i].latency_us >= rule.ratio * m {
+        let l = points[i].latency_us;
+        if m > 0.0 && l >= rule.ratio * m && l - m >= rule.min_delta_us {
             flagged.push((i, m, peers.len()));
         }
     }
@@ -308,6 +324,38 @@ mod tests {
             let p = runs.iter().find(|r| &r.id == peer).unwrap();
             assert!((p.params - f.params).abs() <= 0.05 * f.params);
         }
+    }
+
+    #[test]
+    fn sub_microsecond_noise_is_not_a_regression_but_a_real_fall_is() {
+        // The case a CI run met: four fused runs at ~0.1 µs (batch 1), one measured 0.16 µs
+        // while a neighbour shared the CPU; and the same set with one run 10× slower.
+        let runs = |slow: f64| -> Vec<RunPoint> {
+            [0.10, 0.11, 0.10, 0.09, slow]
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| RunPoint {
+                    id: format!("r{i}"),
+                    params: 3654.0,
+                    latency_us: l,
+                })
+                .collect()
+        };
+        let rule = RegressionRule::default();
+        assert!(detect(&runs(0.16), &rule).is_empty());
+        let f = detect(&runs(1.0), &rule);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].id, "r4");
+        // The floor is a setting: at 0 the ratio alone decides, as before.
+        let bare = RegressionRule {
+            min_delta_us: 0.0,
+            ..rule
+        };
+        assert_eq!(detect(&runs(0.16), &bare).len(), 1);
+        // Rules saved before the floor existed read with the default floor.
+        let old: RegressionRule =
+            serde_json::from_str(r#"{"ratio":1.5,"size_tolerance":0.05,"min_peers":2}"#).unwrap();
+        assert_eq!(old, rule);
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub(crate) trait F64s: Copy {
     fn ge(self, o: Self) -> Self::M;
     fn and(a: Self::M, b: Self::M) -> Self::M;
     fn any(m: Self::M) -> bool;
+    /// The mask as bits, lane i in bit i.
+    fn bits(m: Self::M) -> u32;
     /// `m ? a : b` per lane.
     fn select(m: Self::M, a: Self, b: Self) -> Self;
     /// e^x for x in [−708, 0] (smaller x are clamped to −708).
@@ -194,6 +196,10 @@ impl F64s for f64 {
         m
     }
     #[inline(always)]
+    fn bits(m: bool) -> u32 {
+        m as u32
+    }
+    #[inline(always)]
     fn select(m: bool, a: Self, b: Self) -> Self {
         if m { a } else { b }
     }
@@ -329,6 +335,10 @@ pub(crate) mod avx2 {
         #[inline(always)]
         fn any(m: __m256d) -> bool {
             unsafe { _mm256_movemask_pd(m) != 0 }
+        }
+        #[inline(always)]
+        fn bits(m: __m256d) -> u32 {
+            unsafe { _mm256_movemask_pd(m) as u32 }
         }
         #[inline(always)]
         fn select(m: __m256d, a: Self, b: Self) -> Self {
@@ -520,6 +530,10 @@ pub(crate) mod avx512 {
         #[inline(always)]
         fn any(m: __mmask8) -> bool {
             m != 0
+        }
+        #[inline(always)]
+        fn bits(m: __mmask8) -> u32 {
+            m as u32
         }
         #[inline(always)]
         fn select(m: __mmask8, a: Self, b: Self) -> Self {

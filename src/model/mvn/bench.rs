@@ -413,6 +413,10 @@ pub struct RealisticRecord {
     pub mean_se: f64,
     /// Largest reference error bound of these queries.
     pub max_ref_err: f64,
+    /// Mean points per randomisation the queries used (adaptive mode stops early; queries
+    /// answered exactly count 0).
+    #[serde(default)]
+    pub mean_points: f64,
 }
 
 /// The p-th quantile (0 ≤ p ≤ 1) of sorted values, by linear interpolation.
@@ -459,6 +463,24 @@ pub fn run_realistic<B: Backend>(
             None => model.forward(qs),
         }
     };
+    if let Some(i) = setting.isa {
+        // A path this CPU lacks is an error naming the ones it has.
+        model.forward_with_isa(&[], i)?;
+    }
+    // The error pass, with the points each query used, on the same vector path.
+    let counted = |qs: &[MvnQuery]| -> Result<(Vec<MvnEstimate>, Vec<usize>), MvnError> {
+        let mut opts = model.cpu_options();
+        if let Some(k) = setting.isa.and_then(crate::simd::Kernel::new) {
+            opts.kernel = k;
+        }
+        let prepared = super::query::prepare_queries(qs, model.max_dim())?;
+        let factors = super::cpu::factor_all(&prepared)?;
+        Ok(super::cpu::estimate_all_counted(
+            &factors,
+            &*model.host()?,
+            &opts,
+        ))
+    };
     let copies = setting.copies.max(1);
     pool.install(|| {
         let mut by_d: BTreeMap<usize, BTreeMap<&str, Vec<&RealisticCase>>> = BTreeMap::new();
@@ -474,9 +496,11 @@ pub fn run_realistic<B: Backend>(
             let mut mix_times = Vec::new();
             let mut mix_queries = Vec::new();
             let mut mix_stats = Vec::new();
+            let mut mix_points = Vec::new();
             for (&family, group) in families {
                 let queries: Vec<MvnQuery> = group.iter().map(|c| c.query.clone()).collect();
-                let est = answer(&queries)?;
+                let (est, used) = counted(&queries)?;
+                let points = used.iter().sum::<usize>() as f64 / used.len().max(1) as f64;
                 let stats: Vec<(f64, f64, f64)> = est
                     .iter()
                     .zip(group)
@@ -500,12 +524,16 @@ pub fn run_realistic<B: Backend>(
                     .collect();
                 let mut rec = summarise(family, d, isa, setting, copies, &times, &stats);
                 rec.evals_per_s = 1e6 / rec.us_mean;
+                rec.mean_points = points;
                 records.push(rec);
                 mix_times.extend(times);
                 mix_stats.extend(stats);
+                mix_points.extend(used);
                 mix_queries.extend(queries);
             }
             let mut rec = summarise("mix", d, isa, setting, copies, &mix_times, &mix_stats);
+            rec.mean_points =
+                mix_points.iter().sum::<usize>() as f64 / mix_points.len().max(1) as f64;
             let start = Instant::now();
             let mut calls = 0usize;
             while calls == 0 || start.elapsed() < setting.min_time {
@@ -559,6 +587,7 @@ fn summarise(
             .fold(0.0, f64::max),
         mean_se: stats.iter().map(|s| s.1).sum::<f64>() / n,
         max_ref_err: stats.iter().map(|s| s.2).fold(0.0, f64::max),
+        mean_points: 0.0,
     }
 }
 

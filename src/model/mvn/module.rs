@@ -79,7 +79,8 @@ pub struct HaltonMvnCdfConfig {
     pub method: MvnMethod,
     /// Adaptive mode (CPU path, Genz method; `None`, the default, uses all `points` for every
     /// query): the standard error each query stops at. A query integrates over the first
-    /// `min_points` points of every randomisation and doubles its points until its standard
+    /// `min_points` points of every randomisation and adds points in stages (aimed at the count
+    /// the 1/n decay of the standard error predicts, 1.25–2× per stage) until its standard
     /// error is at most this or all `points` are used; bivariate queries are then answered
     /// exactly. SciPy's default accuracy (absolute error 1e−5) corresponds to about 2e−6.
     /// The tensor path ignores it (it always uses every point).
