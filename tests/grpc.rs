@@ -662,6 +662,72 @@ async fn grpc_stops_with_the_server_and_can_be_off() {
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
 
+/// The gRPC listener keeps the HTTP side's connection limits: with one slot, a client that
+/// connects and says nothing holds it only until the header timeout, a second client is
+/// turned away meanwhile, and the slot serves again once the silent one is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_connections_are_capped_and_silent_ones_time_out() {
+    use tokio::io::AsyncReadExt;
+    let repo = common::repository_of(trained());
+    let mut cfg = config(repo.path());
+    cfg.connection.max_connections = 1;
+    cfg.connection.header_timeout = Duration::from_millis(600);
+    let h = serve(cfg).await;
+    let addr = h.grpc_addr.unwrap();
+
+    let opened = Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let turned_away = tokio::time::timeout(Duration::from_secs(5), async {
+        match GrpcInferenceServiceClient::connect(format!("http://{addr}")).await {
+            Err(_) => true,
+            Ok(mut g) => g.server_live(pb::ServerLiveRequest {}).await.is_err(),
+        }
+    })
+    .await
+    .expect("a connection over the cap is answered at once");
+    assert!(
+        turned_away,
+        "a second connection was served beyond --max-connections 1"
+    );
+
+    // The silent client is disconnected (after whatever the server wrote first) once the
+    // header timeout has passed, not before.
+    let mut buf = [0u8; 256];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(n) = silent.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the silent connection is closed");
+    assert!(
+        opened.elapsed() >= Duration::from_millis(550),
+        "{:?}",
+        opened.elapsed()
+    );
+
+    // Its slot serves again; and a client that sent its preface is not cut off by the
+    // header timeout.
+    let mut g = None;
+    for _ in 0..50 {
+        if let Ok(mut c) = GrpcInferenceServiceClient::connect(format!("http://{addr}")).await
+            && c.server_live(pb::ServerLiveRequest {}).await.is_ok()
+        {
+            g = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut g = g.expect("the freed slot serves a new client");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let r = g.model_infer(raw_request(&rows(2, 3))).await.unwrap();
+    assert_eq!(r.into_inner().outputs.len(), 2);
+    h.shutdown().await.unwrap();
+}
+
 /// tritonclient.grpc and tritonclient.http give equal answers against a live `kiln serve`.
 #[test]
 fn tritonclient_grpc_answers_equal_tritonclient_http() {

@@ -462,7 +462,7 @@ async fn refuse(mut stream: TcpStream, max: usize) {
 }
 
 /// Whether an accept error concerns only that one connection.
-fn is_connection_error(e: &io::Error) -> bool {
+pub(super) fn is_connection_error(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::ConnectionRefused

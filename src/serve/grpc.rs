@@ -20,9 +20,18 @@
 //! when its queue is full, `DEADLINE_EXCEEDED` past the request deadline, `INTERNAL` when the
 //! engine fails, `UNIMPLEMENTED` for the RPCs whose extension this build lacks.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use axum::http::StatusCode;
 use prost::bytes::Bytes;
@@ -30,6 +39,7 @@ use tonic::{Request, Response, Status};
 
 use super::ServeError;
 use super::batcher::InferFailure;
+use super::conn::{ConnectionConfig, is_connection_error};
 use super::http::{AppState, Lookup, bearer_matches, resolve, slot_not_ready};
 use super::metrics::Failure;
 use super::protocol::{
@@ -62,10 +72,19 @@ impl GrpcService {
 
 /// Bind the gRPC port (0: any free port) and serve until `shutdown` resolves; requests in
 /// flight are answered before the task ends. Returns the bound address and the task.
+///
+/// The listener keeps the HTTP side's connection limits (`limits`, from `--max-connections`
+/// and `--header-timeout-ms`): at most `max_connections` gRPC connections at once — one more
+/// is closed at once, which a client sees as UNAVAILABLE and retries — and a client that
+/// connects but does not send the HTTP/2 connection preface within the header timeout is
+/// disconnected, so silent sockets cannot hold the slots. Once the preface has arrived a
+/// connection may stay open (gRPC channels are long-lived); HTTP/2 keep-alive pings (every
+/// 30 s, 10 s to answer) close connections whose peer has gone away.
 pub async fn serve(
     host: &str,
     port: u16,
     state: Arc<AppState>,
+    limits: ConnectionConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<Result<(), ServeError>>), ServeError> {
     let bind = format!("{host}:{port}");
@@ -83,9 +102,11 @@ pub async fn serve(
     let svc = GrpcInferenceServiceServer::new(GrpcService::new(state))
         .max_decoding_message_size(max)
         .max_encoding_message_size(usize::MAX);
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = accept(listener, limits);
     let task = tokio::spawn(async move {
         let r = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await
@@ -98,6 +119,130 @@ pub async fn serve(
     });
     tracing::info!(%addr, "listening (KServe v2 gRPC)");
     Ok((addr, task))
+}
+
+/// Length of the HTTP/2 connection preface every client sends first (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
+
+/// An accepted gRPC connection: holds one of the listener's slots until it closes, and fails
+/// its reads once the header timeout has passed without the client's connection preface.
+struct Guarded {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+    /// Until the preface has been read: when the client's time is up.
+    preface: Option<Pin<Box<tokio::time::Sleep>>>,
+    seen: usize,
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let me = self.get_mut();
+        if let Some(deadline) = me.preface.as_mut()
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no HTTP/2 connection preface within the header timeout (--header-timeout-ms)",
+            )));
+        }
+        let before = buf.filled().len();
+        let r = Pin::new(&mut me.stream).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r {
+            me.seen += buf.filled().len() - before;
+            if me.seen >= PREFACE_LEN {
+                me.preface = None;
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Guarded {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+/// The accept loop of the gRPC listener (see [`serve`] for the limits), as the stream of
+/// connections tonic serves. The loop ends when tonic drops the stream (at shutdown).
+fn accept(
+    listener: tokio::net::TcpListener,
+    limits: ConnectionConfig,
+) -> ReceiverStream<std::io::Result<Guarded>> {
+    let (tx, rx) = mpsc::channel(64);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = tx.closed() => break,
+                r = listener.accept() => r,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!("gRPC accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!(
+                    max = limits.max_connections,
+                    "gRPC connection closed: the listener serves its maximum (--max-connections)"
+                );
+                continue;
+            };
+            let guarded = Guarded {
+                stream,
+                _slot: slot,
+                preface: Some(Box::pin(tokio::time::sleep(limits.header_timeout))),
+                seen: 0,
+            };
+            if tx.send(Ok(guarded)).await.is_err() {
+                break;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
 }
 
 fn lookup_status(l: Lookup) -> Status {

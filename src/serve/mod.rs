@@ -419,7 +419,8 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
     let grpc = match config.grpc_port {
         Some(port) => {
             let mut stop = shutdown_rx.clone();
-            let (a, task) = grpc::serve(&config.host, port, state.clone(), async move {
+            let limits = config.connection.clone();
+            let (a, task) = grpc::serve(&config.host, port, state.clone(), limits, async move {
                 let _ = stop.wait_for(|v| *v).await;
             })
             .await?;
