@@ -42,6 +42,7 @@ use super::batcher::InferFailure;
 use super::conn::{ConnectionConfig, is_connection_error};
 use super::http::{AppState, Lookup, bearer_matches, resolve, slot_not_ready};
 use super::metrics::Failure;
+use super::protocol::request::input_header;
 use super::protocol::{
     Datatype, InferRequest, InputData, InputTensor, JsonData, OutputData, OutputTensor,
     RequestedOutput, select_outputs,
@@ -462,30 +463,8 @@ pub fn parse_request(r: ModelInferRequest) -> Result<InferRequest, Status> {
     for input in r.inputs {
         let name = input.name;
         let raw_bytes = raw_contents.next();
-        if inputs.iter().any(|i| i.name == name) {
-            return Err(bad(format!("input `{name}` is given more than once")));
-        }
-        let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
-            bad(format!(
-                "input `{name}` has unknown datatype `{}`; expected one of {}",
-                input.datatype,
-                Datatype::ALL.map(|(_, n)| n).join(", ")
-            ))
-        })?;
-        let mut shape = Vec::with_capacity(input.shape.len());
-        for &d in &input.shape {
-            if d < 0 {
-                return Err(bad(format!(
-                    "input `{name}` has shape {:?}; dimensions must be >= 0 in a request",
-                    input.shape
-                )));
-            }
-            shape.push(d as usize);
-        }
-        let count = shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| bad(format!("input `{name}` shape {shape:?} is too large")))?;
+        let (datatype, shape, count) =
+            input_header(&name, &input.datatype, &input.shape, &inputs).map_err(|e| bad(e.0))?;
         let data = match (raw_bytes, input.contents) {
             (Some(_), Some(_)) => {
                 return Err(bad(format!(

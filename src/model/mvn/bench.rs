@@ -179,10 +179,7 @@ pub fn run_setting<B: Backend>(
     let queries: Vec<MvnQuery> = cases.iter().map(|c| c.query.clone()).collect();
 
     // The first call, with the points each query used.
-    let prepared = super::query::prepare_queries(&queries, model.max_dim())?;
-    let factors = super::cpu::factor_all(&prepared)?;
-    let (first, used) =
-        super::cpu::estimate_all_counted(&factors, &*model.host()?, &model.cpu_options());
+    let (first, used) = model.forward_counted(&queries, None)?;
     let avg_points = used.iter().sum::<usize>() as f64 / used.len().max(1) as f64;
     let max_abs_err = first
         .iter()
@@ -463,24 +460,6 @@ pub fn run_realistic<B: Backend>(
             None => model.forward(qs),
         }
     };
-    if let Some(i) = setting.isa {
-        // A path this CPU lacks is an error naming the ones it has.
-        model.forward_with_isa(&[], i)?;
-    }
-    // The error pass, with the points each query used, on the same vector path.
-    let counted = |qs: &[MvnQuery]| -> Result<(Vec<MvnEstimate>, Vec<usize>), MvnError> {
-        let mut opts = model.cpu_options();
-        if let Some(k) = setting.isa.and_then(crate::simd::Kernel::new) {
-            opts.kernel = k;
-        }
-        let prepared = super::query::prepare_queries(qs, model.max_dim())?;
-        let factors = super::cpu::factor_all(&prepared)?;
-        Ok(super::cpu::estimate_all_counted(
-            &factors,
-            &*model.host()?,
-            &opts,
-        ))
-    };
     let copies = setting.copies.max(1);
     pool.install(|| {
         let mut by_d: BTreeMap<usize, BTreeMap<&str, Vec<&RealisticCase>>> = BTreeMap::new();
@@ -499,7 +478,7 @@ pub fn run_realistic<B: Backend>(
             let mut mix_points = Vec::new();
             for (&family, group) in families {
                 let queries: Vec<MvnQuery> = group.iter().map(|c| c.query.clone()).collect();
-                let (est, used) = counted(&queries)?;
+                let (est, used) = model.forward_counted(&queries, setting.isa)?;
                 let points = used.iter().sum::<usize>() as f64 / used.len().max(1) as f64;
                 let stats: Vec<(f64, f64, f64)> = est
                     .iter()

@@ -12,7 +12,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 use super::constants::{HostConstants, RawConstants};
-use super::cpu::{CpuOptions, estimate_all, factor_all};
+use super::cpu::{CpuOptions, estimate_all, estimate_all_counted, factor_all};
 use super::error::MvnError;
 use super::halton::MAX_HALTON_DIM;
 use super::query::{
@@ -413,26 +413,36 @@ impl<B: Backend> HaltonMvnCdf<B> {
         queries: &[MvnQuery],
         isa: Isa,
     ) -> Result<Vec<MvnEstimate>, MvnError> {
-        let kernel = Kernel::new(isa).ok_or_else(|| MvnError::InvalidConfig {
-            field: "isa",
-            value: isa.name().into(),
-            expected: format!(
-                "a path this CPU runs: {}",
-                Isa::available()
-                    .iter()
-                    .map(|i| i.name())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        })?;
+        Ok(self.forward_counted(queries, Some(isa))?.0)
+    }
+
+    /// The CPU path with the points per randomisation each query used (adaptive mode stops
+    /// early; exact answers count 0), on the vector path `isa` (`None`: the best this CPU
+    /// has): for the benchmarks.
+    pub(crate) fn forward_counted(
+        &self,
+        queries: &[MvnQuery],
+        isa: Option<Isa>,
+    ) -> Result<(Vec<MvnEstimate>, Vec<usize>), MvnError> {
+        let mut opts = self.cpu_options();
+        if let Some(isa) = isa {
+            opts.kernel = Kernel::new(isa).ok_or_else(|| MvnError::InvalidConfig {
+                field: "isa",
+                value: isa.name().into(),
+                expected: format!(
+                    "a path this CPU runs: {}",
+                    Isa::available()
+                        .iter()
+                        .map(|i| i.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })?;
+        }
         let prepared = prepare_queries(queries, self.max_dim())?;
         let host = self.host()?;
         let factors = factor_all(&prepared)?;
-        let opts = CpuOptions {
-            kernel,
-            ..self.cpu_options()
-        };
-        Ok(estimate_all(&factors, &host, &opts))
+        Ok(estimate_all_counted(&factors, &host, &opts))
     }
 
     /// The CPU path on validated queries.

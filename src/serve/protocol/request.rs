@@ -126,32 +126,8 @@ impl InferRequest {
         let mut inputs = Vec::with_capacity(raw.inputs.len());
         for input in raw.inputs {
             let name = input.name;
-            if inputs.iter().any(|i: &InputTensor| i.name == name) {
-                return err(format!("input `{name}` is given more than once"));
-            }
-            let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
-                ProtocolError(format!(
-                    "input `{name}` has unknown datatype `{}`; expected one of {}",
-                    input.datatype,
-                    Datatype::ALL.map(|(_, n)| n).join(", ")
-                ))
-            })?;
-            let mut shape = Vec::with_capacity(input.shape.len());
-            for &d in &input.shape {
-                if d < 0 {
-                    return err(format!(
-                        "input `{name}` has shape {:?}; dimensions must be >= 0 in a request",
-                        input.shape
-                    ));
-                }
-                shape.push(d as usize);
-            }
-            let count = shape
-                .iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| {
-                    ProtocolError(format!("input `{name}` shape {shape:?} is too large"))
-                })?;
+            let (datatype, shape, count) =
+                input_header(&name, &input.datatype, &input.shape, &inputs)?;
             let binary_size = match input
                 .parameters
                 .as_ref()
@@ -256,6 +232,41 @@ impl InferRequest {
             binary_data_output,
         })
     }
+}
+
+/// The checks every input tensor's header gets, whichever protocol carried it (JSON here,
+/// gRPC in `serve::grpc`): a name not given by an `earlier` input, a known datatype, no
+/// negative dimension, an element count that fits. Returns the datatype, the shape and the
+/// element count.
+pub(crate) fn input_header(
+    name: &str,
+    datatype: &str,
+    shape: &[i64],
+    earlier: &[InputTensor],
+) -> Result<(Datatype, Vec<usize>, usize), ProtocolError> {
+    if earlier.iter().any(|i| i.name == name) {
+        return err(format!("input `{name}` is given more than once"));
+    }
+    let dt = Datatype::parse(datatype).ok_or_else(|| {
+        ProtocolError(format!(
+            "input `{name}` has unknown datatype `{datatype}`; expected one of {}",
+            Datatype::ALL.map(|(_, n)| n).join(", ")
+        ))
+    })?;
+    let mut dims = Vec::with_capacity(shape.len());
+    for &d in shape {
+        if d < 0 {
+            return err(format!(
+                "input `{name}` has shape {shape:?}; dimensions must be >= 0 in a request"
+            ));
+        }
+        dims.push(d as usize);
+    }
+    let count = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| ProtocolError(format!("input `{name}` shape {dims:?} is too large")))?;
+    Ok((dt, dims, count))
 }
 
 #[cfg(test)]
