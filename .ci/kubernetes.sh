@@ -1,11 +1,11 @@
-# Sourced by .ci/run: an offline Kubernetes schema validator for tests/deploy.rs.
+# Sourced by .ci/run: an offline Kubernetes schema validator for tests/it/deploy.rs.
 #
 # Creates (or reuses) a venv with a pinned kubernetes-validate (it ships the Kubernetes JSON
 # schemas, so validation needs no cluster and no network once installed) and exports
-# KILN_TEST_KUBERNETES_VALIDATE, the validator's path; tests/deploy.rs then validates the
+# KILN_TEST_KUBERNETES_VALIDATE, the validator's path; tests/it/deploy.rs then validates the
 # core objects under deploy/kubernetes/ against the schemas of Kubernetes
 # $KILN_KUBERNETES_SCHEMA_VERSION. The KServe InferenceService is a custom resource and is
-# checked by tests/deploy.rs against the CLI only. KILN_CI_KUBERNETES=skip skips the install,
+# checked by tests/it/deploy.rs against the CLI only. KILN_CI_KUBERNETES=skip skips the install,
 # loudly (the test then prints its own SKIPPED line).
 #
 # Measured on the 2-core build machine (2026-12, kubernetes-validate 1.37.0, 8 compilers
@@ -16,11 +16,11 @@ KILN_KUBERNETES_VALIDATE_VERSION=1.37.0
 export KILN_KUBERNETES_SCHEMA_VERSION="${KILN_KUBERNETES_SCHEMA_VERSION:-1.33.0}"
 
 if [ "${KILN_CI_KUBERNETES:-}" = "skip" ]; then
-  echo "== kubernetes-validate: SKIPPED (KILN_CI_KUBERNETES=skip); tests/deploy.rs will not validate the schemas" >&2
+  echo "== kubernetes-validate: SKIPPED (KILN_CI_KUBERNETES=skip); tests/it/deploy.rs will not validate the schemas" >&2
   return 0 2>/dev/null || exit 0
 fi
 
-echo "== kubernetes-validate $KILN_KUBERNETES_VALIDATE_VERSION for tests/deploy.rs"
+echo "== kubernetes-validate $KILN_KUBERNETES_VALIDATE_VERSION for tests/it/deploy.rs"
 kiln_k8s_venv="${KILN_KUBERNETES_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/kubernetes-validate-$KILN_KUBERNETES_VALIDATE_VERSION}"
 if [ ! -x "$kiln_k8s_venv/bin/kubernetes-validate" ]; then
   python3 -m venv "$kiln_k8s_venv"

@@ -1,4 +1,4 @@
-# Sourced by .ci/run: a real MLflow tracking server on loopback for tests/mlflow_real.rs.
+# Sourced by .ci/run: a real MLflow tracking server on loopback for tests/it/mlflow_real.rs.
 #
 # Creates (or reuses) a venv with a pinned mlflow, starts `mlflow server` on a free loopback
 # port with a temporary SQLite backend and a proxied artifact store, waits for /health,
@@ -13,11 +13,11 @@
 KILN_MLFLOW_VERSION=3.17.2
 
 if [ "${KILN_CI_MLFLOW:-}" = "skip" ]; then
-  echo "== MLflow server: SKIPPED (KILN_CI_MLFLOW=skip); tests/mlflow_real.rs will skip too" >&2
+  echo "== MLflow server: SKIPPED (KILN_CI_MLFLOW=skip); tests/it/mlflow_real.rs will skip too" >&2
   return 0 2>/dev/null || exit 0
 fi
 
-echo "== MLflow server (mlflow==$KILN_MLFLOW_VERSION) for tests/mlflow_real.rs"
+echo "== MLflow server (mlflow==$KILN_MLFLOW_VERSION) for tests/it/mlflow_real.rs"
 kiln_mlflow_venv="${KILN_MLFLOW_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/mlflow-$KILN_MLFLOW_VERSION}"
 if [ ! -x "$kiln_mlflow_venv/bin/mlflow" ]; then
   python3 -m venv "$kiln_mlflow_venv"

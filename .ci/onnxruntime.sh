@@ -1,9 +1,9 @@
-# Sourced by .ci/run: ONNX Runtime from PyPI for tests/onnx.rs (the exported graph checked by
+# Sourced by .ci/run: ONNX Runtime from PyPI for tests/it/onnx.rs (the exported graph checked by
 # an independent ONNX implementation).
 #
 # Creates (or reuses) a venv with pinned onnxruntime and numpy under ~/.cache/kiln and exports
 # KILN_TEST_ORT_PYTHON (its interpreter). No server, nothing to stop. KILN_CI_ORT=skip skips
-# it, loudly (tests/onnx.rs then prints its own SKIPPED line).
+# it, loudly (tests/it/onnx.rs then prints its own SKIPPED line).
 #
 # Measured on the 2-core build machine (2026-12, onnxruntime 1.32.0, numpy 2.4.6): a fresh
 # venv install took 10 s on a quiet machine and 71 s with 8 compilers running (two wheels,
@@ -13,11 +13,11 @@ KILN_ORT_VERSION=1.32.0
 KILN_ORT_NUMPY_VERSION=2.4.6
 
 if [ "${KILN_CI_ORT:-}" = "skip" ]; then
-  echo "== ONNX Runtime: SKIPPED (KILN_CI_ORT=skip); tests/onnx.rs will skip its ONNX Runtime check too" >&2
+  echo "== ONNX Runtime: SKIPPED (KILN_CI_ORT=skip); tests/it/onnx.rs will skip its ONNX Runtime check too" >&2
   return 0 2>/dev/null || exit 0
 fi
 
-echo "== ONNX Runtime (onnxruntime==$KILN_ORT_VERSION) for tests/onnx.rs"
+echo "== ONNX Runtime (onnxruntime==$KILN_ORT_VERSION) for tests/it/onnx.rs"
 kiln_ort_venv="${KILN_ORT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/onnxruntime-$KILN_ORT_VERSION}"
 if ! "$kiln_ort_venv/bin/python" -c "import onnxruntime, numpy" 2>/dev/null; then
   rm -rf "$kiln_ort_venv"

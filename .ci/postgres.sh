@@ -1,6 +1,6 @@
 # Sourced by .ci/run: a throwaway PostgreSQL cluster on loopback for the PostgreSQL half of
-# the registry conformance suite (tests/registry_conformance.rs) and the indexed-sweep test
-# (tests/sweep_indexed.rs).
+# the registry conformance suite (tests/it/registry_conformance.rs) and the indexed-sweep test
+# (tests/it/sweep_indexed.rs).
 #
 # Installs Debian's `postgresql` package when no server binaries are found (apt-get, through
 # sudo when not root), creates a cluster in a temporary directory as an unprivileged user

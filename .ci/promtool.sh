@@ -1,5 +1,5 @@
 # Sourced by .ci/run: Prometheus' `promtool` for the exposition check in
-# tests/serve_triton.rs (`promtool check metrics` on a live /metrics).
+# tests/it/serve_triton.rs (`promtool check metrics` on a live /metrics).
 #
 # Uses the promtool on PATH, else installs Debian's `prometheus` package (which ships it;
 # apt-get through sudo -n when not root), and exports KILN_TEST_PROMTOOL. If it cannot be

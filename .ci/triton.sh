@@ -1,4 +1,4 @@
-# Sourced by .ci/run: Triton's own Python clients for tests/grpc.rs
+# Sourced by .ci/run: Triton's own Python clients for tests/it/grpc.rs
 # (tritonclient_grpc_answers_equal_tritonclient_http), which starts `kiln serve` itself on
 # loopback, so there is no server to start or stop here.
 #
@@ -13,11 +13,11 @@
 KILN_TRITONCLIENT_VERSION=2.73.0
 
 if [ "${KILN_CI_TRITON:-}" = "skip" ]; then
-  echo "== tritonclient: SKIPPED (KILN_CI_TRITON=skip); tests/grpc.rs's tritonclient test will skip too" >&2
+  echo "== tritonclient: SKIPPED (KILN_CI_TRITON=skip); tests/it/grpc.rs's tritonclient test will skip too" >&2
   return 0 2>/dev/null || exit 0
 fi
 
-echo "== tritonclient[grpc,http]==$KILN_TRITONCLIENT_VERSION for tests/grpc.rs"
+echo "== tritonclient[grpc,http]==$KILN_TRITONCLIENT_VERSION for tests/it/grpc.rs"
 kiln_triton_venv="${KILN_TRITON_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/tritonclient-$KILN_TRITONCLIENT_VERSION}"
 if ! "$kiln_triton_venv/bin/python" -c "import tritonclient.grpc, tritonclient.http, numpy" 2>/dev/null; then
   python3 -m venv "$kiln_triton_venv"

@@ -45,7 +45,7 @@ enum Command {
         set: Vec<String>,
         /// Run registry: a file, `sqlite:///file` or `postgres://…`; default `registry.path`,
         /// else `<export.dir>/runs.db`.
-        #[arg(long)]
+        #[arg(long, value_name = "REGISTRY")]
         registry: Option<PathBuf>,
     },
     /// Profile inference on fixed inputs, or compare two saved profiles.
@@ -56,7 +56,12 @@ enum Command {
     /// Inspect the run registry: list, show, compare, report, regressions.
     Runs {
         /// Registry: a file, `sqlite:///file` or `postgres://…` (default: checkpoints/runs.db).
-        #[arg(long, global = true, default_value = "checkpoints/runs.db")]
+        #[arg(
+            long,
+            global = true,
+            value_name = "REGISTRY",
+            default_value = "checkpoints/runs.db"
+        )]
         registry: PathBuf,
         #[command(subcommand)]
         command: RunsCommand,
@@ -73,13 +78,13 @@ enum Command {
         /// The sweep file (see configs/sweep.yaml).
         spec: Option<PathBuf>,
         /// Registry (default: the base config's).
-        #[arg(long)]
+        #[arg(long, value_name = "REGISTRY")]
         registry: Option<PathBuf>,
         /// Concurrent runs (overrides the file).
         #[arg(long)]
         parallel: Option<usize>,
-        /// Threads per run (overrides the file).
-        #[arg(long)]
+        /// Threads per run (overrides the file's `threads_per_run`).
+        #[arg(long = "threads", alias = "threads-per-run", value_name = "N")]
         threads_per_run: Option<usize>,
         /// JSON output.
         #[arg(long)]
@@ -244,7 +249,15 @@ enum CheckpointCommand {
     /// an edited manifest is refused at load.
     Reseal {
         /// An export directory (or a run directory containing export/).
-        dir: PathBuf,
+        #[arg(
+            long = "checkpoint",
+            value_name = "DIR",
+            required_unless_present = "dir_arg"
+        )]
+        dir: Option<PathBuf>,
+        /// The same, positionally (the older spelling; hidden).
+        #[arg(value_name = "DIR", hide = true, conflicts_with = "dir")]
+        dir_arg: Option<PathBuf>,
     },
 }
 
@@ -315,8 +328,8 @@ struct PredictArgs {
     /// CSV with (at least) the checkpoint's feature columns, in any order.
     #[arg(long)]
     input: PathBuf,
-    /// Output CSV (stdout when absent). Written atomically.
-    #[arg(long)]
+    /// Output CSV (stdout when absent). Written atomically. (`--output` is accepted too.)
+    #[arg(long = "out", alias = "output", value_name = "FILE")]
     output: Option<PathBuf>,
     /// Inference engine: `auto` (the fastest serving engine on this CPU whose accuracy bound
     /// holds, timed at load), `burn` (the Burn module itself, bit-exact with training) or one
@@ -351,8 +364,8 @@ fn run(cli: Cli) -> CliResult {
             command: ConfigCommand::Check { file },
         } => cli::config::check(&file),
         Command::Checkpoint {
-            command: CheckpointCommand::Reseal { dir },
-        } => cli::checkpoint::reseal(&dir),
+            command: CheckpointCommand::Reseal { dir, dir_arg },
+        } => cli::checkpoint::reseal(&dir.or(dir_arg).unwrap_or_default()),
         Command::Export {
             command: ExportCommand::Onnx { checkpoint, out },
         } => cli::export::onnx(&checkpoint, &out),
@@ -384,7 +397,7 @@ fn run(cli: Cli) -> CliResult {
                     which,
                     attribute,
                     json,
-                    rule: kiln::observe::analysis::RegressionRule {
+                    rule: kiln::track::analysis::RegressionRule {
                         ratio,
                         size_tolerance,
                         min_peers: 2,

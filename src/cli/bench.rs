@@ -165,7 +165,9 @@ pub struct BenchServeArgs {
 
 /// `kiln bench serve`.
 pub fn serve(args: &BenchServeArgs) -> CliResult {
-    use kiln::serve::bench::{ServeBenchError, ServeBenchOptions, format_report, run_serve_bench};
+    use kiln::loadgen::bench::{
+        ServeBenchError, ServeBenchOptions, format_report, run_serve_bench,
+    };
     let secs = |name: &str, v: f64| {
         if v.is_finite() && v > 0.0 && v <= 3600.0 {
             Ok(Duration::from_secs_f64(v))

@@ -1,4 +1,4 @@
-//! `kiln checkpoint reseal DIR`: re-seal a checkpoint whose manifest was edited on purpose.
+//! `kiln checkpoint reseal --checkpoint DIR`: re-seal a checkpoint whose manifest was edited on purpose.
 
 use std::path::Path;
 

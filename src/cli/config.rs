@@ -10,13 +10,13 @@ pub fn check(path: &Path) -> CliResult {
     let loaded = config::load(path).map_err(CliError::input)?;
     let c = &loaded.config;
     println!(
-        "{}: ok — {} features, {} targets, hidden {:?} ({}), {} stage(s): {}; loader batch {} workers {} (resolves to {}); device {:?}",
+        "{}: ok — {}, {}, hidden {:?} ({}), {}: {}; loader batch {} workers {} (resolves to {}); device {:?}",
         path.display(),
-        c.data.features.len(),
-        c.data.targets.len(),
+        kiln::util::count(c.data.features.len(), "feature"),
+        kiln::util::count(c.data.targets.len(), "target"),
         c.model.hidden,
         c.model.activation.name(),
-        c.stages.len(),
+        kiln::util::count(c.stages.len(), "stage"),
         c.stages
             .iter()
             .map(|s| format!("{} ({} epochs)", s.name, s.epochs))

@@ -30,11 +30,11 @@ pub fn synthetic(out: &Path, spec: SyntheticSpec) -> CliResult {
     let text = synthetic::generate_csv(spec);
     write_atomic(out, text.as_bytes())?;
     println!(
-        "{}: {} rows × {} features, {} targets, sha256 {}",
+        "{}: {} × {}, {}, sha256 {}",
         out.display(),
-        spec.rows,
-        spec.features,
-        spec.targets,
+        kiln::util::count(spec.rows, "row"),
+        kiln::util::count(spec.features, "feature"),
+        kiln::util::count(spec.targets, "target"),
         sha256_hex(text.as_bytes())
     );
     Ok(())

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{CliError, CliResult};
-use kiln::serve::loadtest::{
+use kiln::loadgen::loadtest::{
     Distribution, LoadtestConfig, PerfConfig, PerfMode, Protocol, parse_range, perf_summary,
     run_loadtest, run_perf,
 };
@@ -122,8 +122,8 @@ pub fn run(args: &LoadtestArgs) -> CliResult {
             stats_url: args.stats_url.clone(),
         };
         let report = rt.block_on(run_perf(&cfg)).map_err(|e| match e {
-            kiln::serve::loadtest::LoadtestError::Perf(_)
-            | kiln::serve::loadtest::LoadtestError::Url(_) => CliError::input(e),
+            kiln::loadgen::loadtest::LoadtestError::Perf(_)
+            | kiln::loadgen::loadtest::LoadtestError::Url(_) => CliError::input(e),
             other => CliError::from(other),
         })?;
         eprint!("{}", perf_summary(&report));
@@ -152,7 +152,7 @@ pub fn run(args: &LoadtestArgs) -> CliResult {
         max_requests: args.max_requests,
         timeout: Duration::from_millis(args.timeout_ms.max(1)),
     };
-    kiln::serve::client::BaseUrl::parse(&cfg.url).map_err(CliError::input)?;
+    kiln::loadgen::client::BaseUrl::parse(&cfg.url).map_err(CliError::input)?;
     let report = rt.block_on(run_loadtest(&cfg))?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

@@ -1,11 +1,11 @@
-//! `kiln promote RUN_OR_EXPORT --repository DIR --model NAME`: the gate between a retraining
-//! run and the model repository `kiln serve` polls (behaviour in `kiln::promote`).
+//! `kiln promote --checkpoint RUN_OR_EXPORT --repository DIR --model NAME`: the gate between a retraining
+//! run and the model repository `kiln serve` polls (behaviour in `kiln::track::promote`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{CliError, CliResult};
-use kiln::promote::{Gates, PromoteOptions, parse_fraction, promote};
+use kiln::track::promote::{Gates, PromoteOptions, parse_fraction, promote};
 
 /// Compare a candidate checkpoint with the version served from `DIR/NAME/` (the highest that
 /// loads) on the candidate config's test split and on the same latency benchmark (same
@@ -19,9 +19,21 @@ use kiln::promote::{Gates, PromoteOptions, parse_fraction, promote};
 /// Exit codes: 0 promoted (or would be, with --dry-run), 3 refused, 2 bad input, 1 failure.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PromoteArgs {
-    /// The candidate: a run directory (with `export/` and `config.yaml`) or an export directory.
-    #[arg(value_name = "RUN_OR_EXPORT")]
-    pub candidate: PathBuf,
+    /// The candidate: a run directory (with `export/` and `config.yaml`) or an export
+    /// directory (`--checkpoint`, as `kiln predict`, `pick` and `export` spell it).
+    #[arg(
+        long = "checkpoint",
+        value_name = "DIR",
+        required_unless_present = "candidate_arg"
+    )]
+    pub candidate: Option<PathBuf>,
+    /// The candidate, positionally (the older spelling; hidden).
+    #[arg(
+        value_name = "RUN_OR_EXPORT",
+        hide = true,
+        conflicts_with = "candidate"
+    )]
+    pub candidate_arg: Option<PathBuf>,
     /// The model repository served by `kiln serve --repository DIR`.
     #[arg(long, value_name = "DIR")]
     pub repository: PathBuf,
@@ -55,11 +67,21 @@ pub struct PromoteArgs {
     pub keep: Option<usize>,
     /// Run registry to record the decision in: an SQLite file, `sqlite:///path` or
     /// `postgres://…` (default: the config's).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "REGISTRY")]
     pub registry: Option<PathBuf>,
     /// Print the decision as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+impl PromoteArgs {
+    /// The candidate, however it was given (clap requires one of the two).
+    pub fn candidate_path(&self) -> &std::path::Path {
+        self.candidate
+            .as_deref()
+            .or(self.candidate_arg.as_deref())
+            .unwrap_or(std::path::Path::new("."))
+    }
 }
 
 /// Run the gate and print the decision.
@@ -76,7 +98,7 @@ pub fn run(a: &PromoteArgs) -> CliResult {
         dry_run: a.dry_run,
         keep: a.keep,
         registry: a.registry.clone(),
-        ..PromoteOptions::new(&a.candidate, &a.repository, &a.model)
+        ..PromoteOptions::new(a.candidate_path(), &a.repository, &a.model)
     };
     let p = promote(&opts).map_err(|e| {
         if e.is_input() {

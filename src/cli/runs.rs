@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use super::{CliError, CliResult};
 use kiln::config;
-use kiln::observe::analysis::{self, Flagged, RegressionRule, RunPoint};
 use kiln::observe::plot::{Color, Figure, Panel, Series};
-use kiln::observe::registry::{Location, Registry, RunRow};
+use kiln::track::analysis::{self, Flagged, RegressionRule, RunPoint};
+use kiln::track::registry::{Location, Registry, RunRow};
 use kiln::util::write_atomic;
 
 /// Which latency the analysis reads.

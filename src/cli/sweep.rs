@@ -1,13 +1,13 @@
 //! `kiln sweep SWEEP.yaml`: run every configuration as its own `kiln train` process (P at a
-//! time, T threads each) through `kiln::sweep::run_sweep`, then print the right-sizing answer.
+//! time, T threads each) through `kiln::track::sweep::run_sweep`, then print the right-sizing answer.
 //! `kiln sweep plan | run --index I | summarize` split the same sweep into independent
-//! processes sharing one registry (`kiln::sweep::{plan, run_index, summarize}`).
+//! processes sharing one registry (`kiln::track::sweep::{plan, run_index, summarize}`).
 
 use std::path::{Path, PathBuf};
 
 use super::{CliError, CliResult};
 use kiln::config;
-use kiln::sweep::{
+use kiln::track::sweep::{
     IndexOutcome, Member, ProcessLauncher, SweepError, SweepOptions, SweepReport, SweepSpec,
     run_sweep,
 };
@@ -35,10 +35,10 @@ pub enum SweepCommand {
         #[arg(long)]
         index: Option<usize>,
         /// Registry: a file, `sqlite:///file` or `postgres://…` (default: the base config's).
-        #[arg(long)]
+        #[arg(long, value_name = "REGISTRY")]
         registry: Option<PathBuf>,
         /// Threads (overrides the file's `threads_per_run`; RAYON_NUM_THREADS wins over both).
-        #[arg(long)]
+        #[arg(long = "threads", alias = "threads-per-run", value_name = "N")]
         threads_per_run: Option<usize>,
     },
     /// The right-sizing answer from the registry the members ran into (exit 1 while some
@@ -47,7 +47,7 @@ pub enum SweepCommand {
         /// The sweep file.
         spec: PathBuf,
         /// Registry: a file, `sqlite:///file` or `postgres://…` (default: the base config's).
-        #[arg(long)]
+        #[arg(long, value_name = "REGISTRY")]
         registry: Option<PathBuf>,
         /// JSON output (the shape of `kiln sweep --json`).
         #[arg(long)]
@@ -86,7 +86,7 @@ pub fn dispatch(command: SweepCommand) -> CliResult {
     match command {
         SweepCommand::Plan { spec: file, json } => {
             let spec = SweepSpec::load(&file).map_err(CliError::input)?;
-            let plan = kiln::sweep::plan(&spec, &file).map_err(sweep_error)?;
+            let plan = kiln::track::sweep::plan(&spec, &file).map_err(sweep_error)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&plan)?);
             } else {
@@ -121,10 +121,10 @@ pub fn dispatch(command: SweepCommand) -> CliResult {
                     })?,
             };
             let registry = registry_of(&spec, registry)?;
-            let plan = kiln::sweep::plan(&spec, &file).map_err(sweep_error)?;
+            let plan = kiln::track::sweep::plan(&spec, &file).map_err(sweep_error)?;
             let threads = threads_per_run.unwrap_or(spec.threads_per_run).max(1);
-            let outcome =
-                kiln::sweep::run_index(&plan, index, &registry, threads).map_err(sweep_error)?;
+            let outcome = kiln::track::sweep::run_index(&plan, index, &registry, threads)
+                .map_err(sweep_error)?;
             match &outcome {
                 IndexOutcome::AlreadyFinished { run_id } => eprintln!(
                     "sweep {} index {index}: already finished as {run_id}; nothing to do",
@@ -150,9 +150,9 @@ pub fn dispatch(command: SweepCommand) -> CliResult {
         } => {
             let spec = SweepSpec::load(&file).map_err(CliError::input)?;
             let registry = registry_of(&spec, registry)?;
-            let plan = kiln::sweep::plan(&spec, &file).map_err(sweep_error)?;
-            let report =
-                kiln::sweep::summarize(&plan, spec.tolerance, &registry).map_err(sweep_error)?;
+            let plan = kiln::track::sweep::plan(&spec, &file).map_err(sweep_error)?;
+            let report = kiln::track::sweep::summarize(&plan, spec.tolerance, &registry)
+                .map_err(sweep_error)?;
             print_report(&report, json)
         }
     }
@@ -194,11 +194,8 @@ pub fn run(args: &SweepArgs<'_>) -> CliResult {
         registry_path.display()
     );
     // With MLFLOW_TRACKING_URI set, the sweep is a parent run and each member its child.
-    let parent = kiln::observe::mlflow::SweepParent::from_env(
-        args.spec,
-        &serde_json::to_value(&spec)?,
-        &base,
-    );
+    let parent =
+        kiln::track::mlflow::SweepParent::from_env(args.spec, &serde_json::to_value(&spec)?, &base);
     if let Some(p) = &parent {
         eprintln!(
             "MLflow: parent run {} in experiment {:?}",

@@ -5,8 +5,9 @@ use std::path::Path;
 
 use super::{CliError, CliResult};
 use kiln::config::{self, LoadedConfig};
-use kiln::observe::registry::Registry;
-use kiln::run::{RegistryObserver, RunError, RunOptions, RunSummary, TrainingRun};
+use kiln::run::{RunError, RunOptions, RunSummary, TrainingRun};
+use kiln::track::RegistryObserver;
+use kiln::track::registry::Registry;
 use kiln::train::ProgressMode;
 
 /// Options of `kiln train`.
@@ -53,7 +54,7 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
     };
     let mut run = TrainingRun::new(loaded, options).map_err(run_error)?;
     run.observe(Box::new(RegistryObserver::new(registry)));
-    if let Some(mirror) = kiln::run::MlflowObserver::from_env(run.config()) {
+    if let Some(mirror) = kiln::track::MlflowObserver::from_env(run.config()) {
         run.observe(Box::new(mirror));
     }
     let summary = run.execute().map_err(run_error)?;

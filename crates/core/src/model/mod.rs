@@ -1,0 +1,8 @@
+//! Every numerical component is a Burn `Module`: the regression network and the Halton
+//! multivariate-normal CDF estimator.
+
+/// The multivariate-normal CDF estimator (the `kiln-mvn` crate).
+pub use kiln_mvn as mvn;
+pub mod regression;
+
+pub use regression::{RegressionNet, RegressionNetConfig, RegressionOutput};

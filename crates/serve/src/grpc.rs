@@ -1,0 +1,864 @@
+//! The KServe v2 gRPC protocol (`inference.GRPCInferenceService`, Triton's flavour) on its own
+//! port, beside the HTTP routes of [`super::http`] and feeding the same batchers and metrics.
+//!
+//! The messages come from kiln's own `proto/grpc_predict_v2.proto` (written from the protocol
+//! specification; field names and numbers are the interface), compiled by `build.rs` with a
+//! vendored `protoc` into [`proto`], which also holds the generated client used by the tests
+//! and `kiln loadtest --protocol grpc`.
+//!
+//! A thin adapter over the transport-neutral [`Service`]: a request's inputs become the
+//! protocol layer's [`InputTensor`]s — `raw_input_contents` as binary data without a copy,
+//! typed `contents` as JSON data would be — and [`Service::infer`] does the rest (lookup,
+//! validation, batching, metrics and statistics) exactly as for HTTP; its
+//! [`ErrorKind`]s map onto gRPC status codes here.
+//!
+//! Outputs are answered as `raw_output_contents` (as Triton does) unless the request sets the
+//! parameter `binary_data_output` to `false`, then as typed `contents`.
+//!
+//! Status codes: `INVALID_ARGUMENT` for a request the model cannot take, `NOT_FOUND` for an
+//! unknown model or version, `UNAVAILABLE` while a model is not ready, `RESOURCE_EXHAUSTED`
+//! when its queue is full, `DEADLINE_EXCEEDED` past the request deadline, `INTERNAL` when the
+//! engine fails, `UNIMPLEMENTED` for the RPCs whose extension this build lacks.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use prost::bytes::Bytes;
+use tonic::{Request, Response, Status};
+
+use super::ServeError;
+use super::conn::{ConnectionConfig, is_connection_error};
+use super::protocol::request::input_header;
+use super::protocol::{
+    Datatype, InferRequest, InputData, InputTensor, JsonData, OutputData, OutputTensor,
+    RequestedOutput,
+};
+use super::repository::LoadedVersion;
+use super::service::{ErrorKind, Service, ServiceError, Transport};
+
+/// The generated messages, server and client of `proto/grpc_predict_v2.proto`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto {
+    tonic::include_proto!("inference");
+}
+
+use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use proto::*;
+
+/// The gRPC adapter: the [`Service`] behind the generated server trait.
+#[derive(Clone)]
+pub struct GrpcService {
+    state: Arc<Service>,
+}
+
+impl GrpcService {
+    /// An adapter over the service the HTTP routes use too.
+    pub fn new(state: Arc<Service>) -> Self {
+        Self { state }
+    }
+}
+
+/// Bind the gRPC port (0: any free port) and serve until `shutdown` resolves; requests in
+/// flight are answered before the task ends. Returns the bound address and the task.
+///
+/// The listener keeps the HTTP side's connection limits (`limits`, from `--max-connections`
+/// and `--header-timeout-ms`): at most `max_connections` gRPC connections at once — one more
+/// is closed at once, which a client sees as UNAVAILABLE and retries — and a client that
+/// connects but does not send the HTTP/2 connection preface within the header timeout is
+/// disconnected, so silent sockets cannot hold the slots. Once the preface has arrived a
+/// connection may stay open (gRPC channels are long-lived); HTTP/2 keep-alive pings (every
+/// 30 s, 10 s to answer) close connections whose peer has gone away.
+pub async fn serve(
+    host: &str,
+    port: u16,
+    state: Arc<Service>,
+    limits: ConnectionConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<Result<(), ServeError>>), ServeError> {
+    let bind = format!("{host}:{port}");
+    let listener = tokio::net::TcpListener::bind(&bind)
+        .await
+        .map_err(|source| ServeError::Io {
+            what: format!("cannot listen on {bind} (gRPC; --grpc-port)"),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Io {
+        what: "local address (gRPC)".into(),
+        source,
+    })?;
+    let max = state.max_body_bytes;
+    let svc = GrpcInferenceServiceServer::new(GrpcService::new(state))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(usize::MAX);
+    let incoming = accept(listener, limits);
+    let task = tokio::spawn(async move {
+        let r = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .add_service(svc)
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+            .map_err(|e| ServeError::Io {
+                what: "serving gRPC".into(),
+                source: std::io::Error::other(e),
+            });
+        tracing::info!("gRPC server stopped; requests in flight have been answered");
+        r
+    });
+    tracing::info!(%addr, "listening (KServe v2 gRPC)");
+    Ok((addr, task))
+}
+
+/// Length of the HTTP/2 connection preface every client sends first (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
+
+/// An accepted gRPC connection: holds one of the listener's slots until it closes, and fails
+/// its reads once the header timeout has passed without the client's connection preface.
+struct Guarded {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+    /// Until the preface has been read: when the client's time is up.
+    preface: Option<Pin<Box<tokio::time::Sleep>>>,
+    seen: usize,
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let me = self.get_mut();
+        if let Some(deadline) = me.preface.as_mut()
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no HTTP/2 connection preface within the header timeout (--header-timeout-ms)",
+            )));
+        }
+        let before = buf.filled().len();
+        let r = Pin::new(&mut me.stream).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r {
+            me.seen += buf.filled().len() - before;
+            if me.seen >= PREFACE_LEN {
+                me.preface = None;
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Guarded {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+/// The accept loop of the gRPC listener (see [`serve`] for the limits), as the stream of
+/// connections tonic serves. The loop ends when tonic drops the stream (at shutdown).
+fn accept(
+    listener: tokio::net::TcpListener,
+    limits: ConnectionConfig,
+) -> ReceiverStream<std::io::Result<Guarded>> {
+    let (tx, rx) = mpsc::channel(64);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = tx.closed() => break,
+                r = listener.accept() => r,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!("gRPC accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!(
+                    max = limits.max_connections,
+                    "gRPC connection closed: the listener serves its maximum (--max-connections)"
+                );
+                continue;
+            };
+            let guarded = Guarded {
+                stream,
+                _slot: slot,
+                preface: Some(Box::pin(tokio::time::sleep(limits.header_timeout))),
+                seen: 0,
+            };
+            if tx.send(Ok(guarded)).await.is_err() {
+                break;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// The gRPC status of a service error.
+pub fn status_of(e: ServiceError) -> Status {
+    let m = e.message;
+    match e.kind {
+        ErrorKind::InvalidArgument => Status::invalid_argument(m),
+        ErrorKind::NotFound => Status::not_found(m),
+        ErrorKind::Unavailable => Status::unavailable(m),
+        ErrorKind::QueueFull => Status::resource_exhausted(m),
+        ErrorKind::Timeout => Status::deadline_exceeded(m),
+        ErrorKind::Internal => Status::internal(m),
+        ErrorKind::Unauthenticated => Status::unauthenticated(m),
+        ErrorKind::PermissionDenied => Status::permission_denied(m),
+    }
+}
+
+fn version_of(v: &str) -> Option<&str> {
+    (!v.is_empty()).then_some(v)
+}
+
+fn tensor_metadata(t: &super::model::TensorSpec) -> model_metadata_response::TensorMetadata {
+    model_metadata_response::TensorMetadata {
+        name: t.name.clone(),
+        datatype: t.datatype.name().to_string(),
+        shape: t.shape.clone(),
+    }
+}
+
+/// Triton's `DataType` enum value of a datatype.
+fn config_datatype(d: Datatype) -> i32 {
+    let t = match d {
+        Datatype::Bool => DataType::TypeBool,
+        Datatype::U8 => DataType::TypeUint8,
+        Datatype::U16 => DataType::TypeUint16,
+        Datatype::U32 => DataType::TypeUint32,
+        Datatype::U64 => DataType::TypeUint64,
+        Datatype::I8 => DataType::TypeInt8,
+        Datatype::I16 => DataType::TypeInt16,
+        Datatype::I32 => DataType::TypeInt32,
+        Datatype::I64 => DataType::TypeInt64,
+        Datatype::Fp16 => DataType::TypeFp16,
+        Datatype::Fp32 => DataType::TypeFp32,
+        Datatype::Fp64 => DataType::TypeFp64,
+        Datatype::Bytes => DataType::TypeString,
+    };
+    t as i32
+}
+
+/// The model configuration, as `GET /v2/models/{m}/config` gives it in JSON; kiln's own
+/// description (features, normalisation, targets, engine) is the JSON string of parameter
+/// `kiln`.
+fn model_config(s: &Service, lv: &LoadedVersion) -> ModelConfig {
+    let cfg = s.repo.config();
+    let b = &cfg.batcher;
+    let mut parameters = std::collections::HashMap::new();
+    parameters.insert(
+        "kiln".to_string(),
+        ModelParameter {
+            string_value: lv.spec.describe().to_string(),
+        },
+    );
+    parameters.insert(
+        "engine".to_string(),
+        ModelParameter {
+            string_value: cfg.engine.clone(),
+        },
+    );
+    parameters.insert(
+        "batching".to_string(),
+        ModelParameter {
+            string_value: b.policy.name().to_string(),
+        },
+    );
+    ModelConfig {
+        name: lv.model.clone(),
+        platform: lv.spec.platform().to_string(),
+        backend: "kiln".into(),
+        version_policy: Some(ModelVersionPolicy {
+            policy_choice: Some(model_version_policy::PolicyChoice::Latest(
+                model_version_policy::Latest { num_versions: 1 },
+            )),
+        }),
+        max_batch_size: b.max_batch_size.min(i32::MAX as usize) as i32,
+        input: lv
+            .spec
+            .inputs
+            .iter()
+            .map(|t| ModelInput {
+                name: t.name.clone(),
+                data_type: config_datatype(t.datatype),
+                dims: t.shape[1..].to_vec(),
+            })
+            .collect(),
+        output: lv
+            .spec
+            .outputs
+            .iter()
+            .map(|t| ModelOutput {
+                name: t.name.clone(),
+                data_type: config_datatype(t.datatype),
+                dims: t.shape[1..].to_vec(),
+            })
+            .collect(),
+        instance_group: vec![ModelInstanceGroup {
+            name: String::new(),
+            count: b.instances.min(i32::MAX as usize) as i32,
+            kind: model_instance_group::Kind::Cpu as i32,
+        }],
+        scheduling_choice: Some(model_config::SchedulingChoice::DynamicBatching(
+            ModelDynamicBatching {
+                preferred_batch_size: super::model::buckets(b.max_batch_size)
+                    .into_iter()
+                    .map(|n| n.min(i32::MAX as usize) as i32)
+                    .collect(),
+                max_queue_delay_microseconds: b.max_queue_delay.as_micros() as u64,
+                preserve_ordering: false,
+                default_queue_policy: Some(ModelQueuePolicy {
+                    timeout_action: 0,
+                    default_timeout_microseconds: s.request_timeout.as_micros() as u64,
+                    allow_timeout_override: false,
+                    max_queue_size: b.max_queue_size.min(u32::MAX as usize) as u32,
+                }),
+            },
+        )),
+        parameters,
+    }
+}
+
+fn bad(msg: impl Into<String>) -> Status {
+    Status::invalid_argument(msg.into())
+}
+
+fn param_bool(
+    p: &std::collections::HashMap<String, InferParameter>,
+    key: &str,
+) -> Result<Option<bool>, Status> {
+    match p.get(key).and_then(|v| v.parameter_choice.as_ref()) {
+        None => Ok(None),
+        Some(infer_parameter::ParameterChoice::BoolParam(b)) => Ok(Some(*b)),
+        Some(other) => Err(bad(format!(
+            "request parameter `{key}` is {other:?}; expected a bool_param"
+        ))),
+    }
+}
+
+/// Typed contents as the JSON path holds them: row-major values, booleans as 0/1.
+fn typed_values(
+    name: &str,
+    datatype: Datatype,
+    c: InferTensorContents,
+) -> Result<JsonData, Status> {
+    let nums = |values: Vec<f64>| JsonData {
+        values,
+        has_bool: false,
+        has_number: true,
+    };
+    Ok(match datatype {
+        Datatype::Bool => JsonData {
+            values: c
+                .bool_contents
+                .iter()
+                .map(|&b| if b { 1.0 } else { 0.0 })
+                .collect(),
+            has_bool: true,
+            has_number: false,
+        },
+        Datatype::Fp32 => nums(c.fp32_contents.iter().map(|&x| x as f64).collect()),
+        Datatype::Fp64 => nums(c.fp64_contents),
+        Datatype::I8 | Datatype::I16 | Datatype::I32 => {
+            nums(c.int_contents.iter().map(|&x| x as f64).collect())
+        }
+        Datatype::I64 => nums(c.int64_contents.iter().map(|&x| x as f64).collect()),
+        Datatype::U8 | Datatype::U16 | Datatype::U32 => {
+            nums(c.uint_contents.iter().map(|&x| x as f64).collect())
+        }
+        Datatype::U64 => nums(c.uint64_contents.iter().map(|&x| x as f64).collect()),
+        Datatype::Fp16 => {
+            return Err(bad(format!(
+                "input `{name}`: FP16 has no typed contents; send it in raw_input_contents"
+            )));
+        }
+        Datatype::Bytes => {
+            return Err(bad(format!(
+                "input `{name}`: BYTES tensors are not supported"
+            )));
+        }
+    })
+}
+
+/// The typed-contents field a datatype's values go in (for error messages).
+fn contents_field(d: Datatype) -> &'static str {
+    match d {
+        Datatype::Bool => "bool_contents",
+        Datatype::Fp32 => "fp32_contents",
+        Datatype::Fp64 => "fp64_contents",
+        Datatype::I8 | Datatype::I16 | Datatype::I32 => "int_contents",
+        Datatype::I64 => "int64_contents",
+        Datatype::U8 | Datatype::U16 | Datatype::U32 => "uint_contents",
+        Datatype::U64 => "uint64_contents",
+        Datatype::Fp16 | Datatype::Bytes => "bytes_contents",
+    }
+}
+
+/// A `ModelInferRequest` as the protocol layer's [`InferRequest`]: the same checks as a JSON
+/// or binary HTTP body gets, with the same messages where they apply.
+pub fn parse_request(r: ModelInferRequest) -> Result<InferRequest, Status> {
+    if r.inputs.is_empty() {
+        return Err(bad("request has no inputs"));
+    }
+    let raw = !r.raw_input_contents.is_empty();
+    if raw && r.raw_input_contents.len() != r.inputs.len() {
+        return Err(bad(format!(
+            "raw_input_contents has {} entries but the request has {} inputs; send one per input, in input order",
+            r.raw_input_contents.len(),
+            r.inputs.len()
+        )));
+    }
+    let binary_data_output = param_bool(&r.parameters, "binary_data_output")?.unwrap_or(true);
+    let mut raw_contents = r.raw_input_contents.into_iter();
+    let mut inputs: Vec<InputTensor> = Vec::with_capacity(r.inputs.len());
+    for input in r.inputs {
+        let name = input.name;
+        let raw_bytes = raw_contents.next();
+        let (datatype, shape, count) =
+            input_header(&name, &input.datatype, &input.shape, &inputs).map_err(|e| bad(e.0))?;
+        let data = match (raw_bytes, input.contents) {
+            (Some(_), Some(_)) => {
+                return Err(bad(format!(
+                    "input `{name}` has both typed contents and raw_input_contents; send one"
+                )));
+            }
+            (Some(b), None) => {
+                let Some(size) = datatype.size() else {
+                    return Err(bad(format!(
+                        "input `{name}`: BYTES tensors are not supported"
+                    )));
+                };
+                if b.len() != count * size {
+                    return Err(bad(format!(
+                        "input `{name}` has {} bytes in raw_input_contents but shape {shape:?} of {datatype} needs {}",
+                        b.len(),
+                        count * size
+                    )));
+                }
+                InputData::Binary(b)
+            }
+            (None, Some(c)) => {
+                let d = typed_values(&name, datatype, c)?;
+                if d.values.len() != count {
+                    return Err(bad(format!(
+                        "input `{name}` has {} elements in contents.{} but shape {shape:?} needs {count}",
+                        d.values.len(),
+                        contents_field(datatype)
+                    )));
+                }
+                InputData::Json(d)
+            }
+            (None, None) => {
+                return Err(bad(format!(
+                    "input `{name}` has no data: expected typed contents or raw_input_contents"
+                )));
+            }
+        };
+        inputs.push(InputTensor {
+            name,
+            datatype,
+            shape,
+            data,
+        });
+    }
+    let outputs = if r.outputs.is_empty() {
+        None
+    } else {
+        Some(
+            r.outputs
+                .into_iter()
+                .map(|o| RequestedOutput {
+                    name: o.name,
+                    binary: None,
+                })
+                .collect(),
+        )
+    };
+    Ok(InferRequest {
+        id: version_of(&r.id).map(str::to_string),
+        inputs,
+        outputs,
+        binary_data_output,
+    })
+}
+
+fn le_bytes(d: &OutputData) -> Bytes {
+    let mut out = Vec::new();
+    match d {
+        OutputData::F32(v) => {
+            out.reserve(v.len() * 4);
+            v.iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        }
+        OutputData::F64(v) => {
+            out.reserve(v.len() * 8);
+            v.iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        }
+    }
+    Bytes::from(out)
+}
+
+/// Encode the selected outputs: all raw (`raw_output_contents`) or all typed.
+pub fn encode_response(
+    lv: &LoadedVersion,
+    id: Option<&str>,
+    outputs: Vec<(OutputTensor, bool)>,
+    raw: bool,
+) -> ModelInferResponse {
+    let mut resp = ModelInferResponse {
+        model_name: lv.model.clone(),
+        model_version: lv.version.to_string(),
+        id: id.unwrap_or_default().to_string(),
+        ..Default::default()
+    };
+    for (t, _) in outputs {
+        let contents = if raw {
+            resp.raw_output_contents.push(le_bytes(&t.data));
+            None
+        } else {
+            Some(match &t.data {
+                OutputData::F32(v) => InferTensorContents {
+                    fp32_contents: v.clone(),
+                    ..Default::default()
+                },
+                OutputData::F64(v) => InferTensorContents {
+                    fp64_contents: v.clone(),
+                    ..Default::default()
+                },
+            })
+        };
+        resp.outputs.push(model_infer_response::InferOutputTensor {
+            name: t.name,
+            datatype: t.data.datatype().name().to_string(),
+            shape: t.shape.iter().map(|&d| d as i64).collect(),
+            parameters: Default::default(),
+            contents,
+        });
+    }
+    resp
+}
+
+impl GrpcService {
+    /// An inference over gRPC: the service's one infer path, with the protobuf request
+    /// parser and response encoder.
+    async fn infer(&self, r: ModelInferRequest) -> Result<ModelInferResponse, Status> {
+        let name = r.model_name.clone();
+        let version = r.model_version.clone();
+        let parse = || parse_request(r).map_err(|st| st.message().to_string());
+        let encode = |lv: &LoadedVersion, req: &InferRequest, selected| {
+            encode_response(lv, req.id.as_deref(), selected, req.binary_data_output)
+        };
+        self.state
+            .infer(&name, version_of(&version), parse, encode)
+            .await
+            .map_err(status_of)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The statistics and model repository extensions: the same library functions the HTTP
+// routes call (`stats::model_stats`, `Repository::{index, load_model, unload_model}`), the
+// same control rule (loopback or bearer token), errors mapped to gRPC status codes.
+// ---------------------------------------------------------------------------------------
+
+/// The extensions `ServerMetadata` lists (keep in step with `GET /v2`).
+fn extensions() -> Vec<String> {
+    [
+        "binary_tensor_data",
+        "model_configuration",
+        "statistics",
+        "model_repository",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The control RPCs (repository index, load, unload) obey the same rule as the HTTP control
+/// endpoints ([`Service::authorize_control`]): with `--control-token`, the metadata must carry
+/// `authorization: Bearer <token>` (UNAUTHENTICATED otherwise); without one, only loopback
+/// peers may call them (PERMISSION_DENIED otherwise).
+fn authorize<T>(s: &Service, req: &Request<T>) -> Result<(), Status> {
+    let given = req
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    let peer = req.remote_addr().map(|p| p.ip());
+    s.authorize_control(given, peer, Transport::Grpc)
+        .map_err(status_of)
+}
+
+/// Run blocking repository work off the runtime's threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, super::repository::RepoError> + Send + 'static,
+) -> Result<T, Status> {
+    Service::blocking(f).await.map_err(status_of)
+}
+
+fn duration(d: &super::stats::StatDuration) -> Option<StatisticDuration> {
+    Some(StatisticDuration {
+        count: d.count,
+        ns: d.ns,
+    })
+}
+
+/// `ModelStatistics`: the statistics extension's answer (`GET /v2/models/.../stats`) as
+/// protobuf; an empty name means every model, an empty version every loaded version.
+fn model_statistics(
+    s: &Service,
+    req: ModelStatisticsRequest,
+) -> Result<ModelStatisticsResponse, Status> {
+    let name = (!req.name.is_empty()).then_some(req.name.as_str());
+    let version = (!req.version.is_empty()).then_some(req.version.as_str());
+    let r = super::stats::model_stats(&s.repo, name, version).map_err(|e| status_of(e.into()))?;
+    let model_stats = r
+        .model_stats
+        .into_iter()
+        .map(|m| {
+            let i = &m.inference_stats;
+            ModelStatistics {
+                name: m.name,
+                version: m.version,
+                last_inference: m.last_inference,
+                inference_count: m.inference_count,
+                execution_count: m.execution_count,
+                inference_stats: Some(InferStatistics {
+                    success: duration(&i.success),
+                    fail: duration(&i.fail),
+                    queue: duration(&i.queue),
+                    compute_input: duration(&i.compute_input),
+                    compute_infer: duration(&i.compute_infer),
+                    compute_output: duration(&i.compute_output),
+                    cache_hit: duration(&i.cache_hit),
+                    cache_miss: duration(&i.cache_miss),
+                }),
+                batch_stats: m
+                    .batch_stats
+                    .iter()
+                    .map(|b| InferBatchStatistics {
+                        batch_size: b.batch_size,
+                        compute_input: duration(&b.compute_input),
+                        compute_infer: duration(&b.compute_infer),
+                        compute_output: duration(&b.compute_output),
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    Ok(ModelStatisticsResponse { model_stats })
+}
+
+/// `RepositoryIndex` (`POST /v2/repository/index`).
+async fn repository_index(
+    s: &Service,
+    req: Request<RepositoryIndexRequest>,
+) -> Result<RepositoryIndexResponse, Status> {
+    authorize(s, &req)?;
+    let ready_only = req.get_ref().ready;
+    let repo = s.repo.clone();
+    let entries = blocking(move || repo.index(ready_only)).await?;
+    Ok(RepositoryIndexResponse {
+        models: entries
+            .into_iter()
+            .map(|e| repository_index_response::ModelIndex {
+                name: e.name,
+                version: e.version.unwrap_or_default(),
+                state: e.state,
+                reason: e.reason,
+            })
+            .collect(),
+    })
+}
+
+/// `RepositoryModelLoad` (`POST /v2/repository/models/{m}/load`).
+async fn repository_model_load(
+    s: &Service,
+    req: Request<RepositoryModelLoadRequest>,
+) -> Result<RepositoryModelLoadResponse, Status> {
+    authorize(s, &req)?;
+    let name = req.into_inner().model_name;
+    let repo = s.repo.clone();
+    blocking(move || repo.load_model(&name)).await?;
+    Ok(RepositoryModelLoadResponse {})
+}
+
+/// `RepositoryModelUnload` (`POST /v2/repository/models/{m}/unload`): drains the requests in
+/// flight, then unloads.
+async fn repository_model_unload(
+    s: &Service,
+    req: Request<RepositoryModelUnloadRequest>,
+) -> Result<RepositoryModelUnloadResponse, Status> {
+    authorize(s, &req)?;
+    let name = req.into_inner().model_name;
+    let repo = s.repo.clone();
+    // Requests in flight end within their deadline; wait a little longer than that.
+    let drain = s.request_timeout + Duration::from_secs(5);
+    blocking(move || repo.unload_model(&name, drain)).await?;
+    Ok(RepositoryModelUnloadResponse {})
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for GrpcService {
+    async fn server_live(
+        &self,
+        _: Request<ServerLiveRequest>,
+    ) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<ServerReadyRequest>,
+    ) -> Result<Response<ServerReadyResponse>, Status> {
+        Ok(Response::new(ServerReadyResponse {
+            ready: self.state.repo.ready(),
+        }))
+    }
+
+    async fn model_ready(
+        &self,
+        req: Request<ModelReadyRequest>,
+    ) -> Result<Response<ModelReadyResponse>, Status> {
+        let r = req.into_inner();
+        match self.state.lookup(&r.name, version_of(&r.version)) {
+            Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
+            Err(e) if e.kind == ErrorKind::Unavailable => {
+                Ok(Response::new(ModelReadyResponse { ready: false }))
+            }
+            Err(e) => Err(status_of(e)),
+        }
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<ServerMetadataRequest>,
+    ) -> Result<Response<ServerMetadataResponse>, Status> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: "kiln".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: extensions(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        req: Request<ModelMetadataRequest>,
+    ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let r = req.into_inner();
+        let lv = self
+            .state
+            .lookup(&r.name, version_of(&r.version))
+            .map_err(status_of)?;
+        Ok(Response::new(ModelMetadataResponse {
+            name: lv.model.clone(),
+            versions: vec![lv.version.to_string()],
+            platform: lv.spec.platform().into(),
+            inputs: lv.spec.inputs.iter().map(tensor_metadata).collect(),
+            outputs: lv.spec.outputs.iter().map(tensor_metadata).collect(),
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        req: Request<ModelInferRequest>,
+    ) -> Result<Response<ModelInferResponse>, Status> {
+        self.infer(req.into_inner()).await.map(Response::new)
+    }
+
+    async fn model_config(
+        &self,
+        req: Request<ModelConfigRequest>,
+    ) -> Result<Response<ModelConfigResponse>, Status> {
+        let r = req.into_inner();
+        let lv = self
+            .state
+            .lookup(&r.name, version_of(&r.version))
+            .map_err(status_of)?;
+        Ok(Response::new(ModelConfigResponse {
+            config: Some(model_config(&self.state, &lv)),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        req: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        model_statistics(&self.state, req.into_inner()).map(Response::new)
+    }
+
+    async fn repository_index(
+        &self,
+        req: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        repository_index(&self.state, req).await.map(Response::new)
+    }
+
+    async fn repository_model_load(
+        &self,
+        req: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        repository_model_load(&self.state, req)
+            .await
+            .map(Response::new)
+    }
+
+    async fn repository_model_unload(
+        &self,
+        req: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        repository_model_unload(&self.state, req)
+            .await
+            .map(Response::new)
+    }
+}

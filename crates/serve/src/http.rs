@@ -1,0 +1,608 @@
+//! The HTTP layer: Open Inference Protocol v2 routes on axum. It resolves models in the
+//! repository, parses and decodes requests, hands them to a version's batcher and encodes
+//! the answer; it holds no batching logic.
+//!
+//! Status codes: 400 bad request, 404 unknown model, version or route, 405 wrong method,
+//! 408 body not received in time, 413 body over the limit, 500 engine failure, 503 not
+//! ready, queue full or timed out. Every error body is `{"error": "..."}`: the answers of
+//! axum's own extractors (a model name that is not UTF-8, say) are rewritten by
+//! [`json_errors`], and those hyper gives before any route runs by [`super::conn`].
+//!
+//! Besides inference: Triton's statistics extension (`GET /v2/models[/{m}[/versions/{v}]]/stats`,
+//! answered by [`super::stats`]), the model repository extension (`POST /v2/repository/index`,
+//! `POST /v2/repository/models/{m}/load` and `/unload`, by the [`Repository`]) and on-demand
+//! profiling (`POST /v2/profile?duration_ms=…`, by [`super::live_profile`]). The repository
+//! and profiling routes are control endpoints: with `--control-token` they require
+//! `Authorization: Bearer <token>` (401 otherwise), without one they answer loopback clients
+//! only (403 otherwise); load and unload also need `--model-control-mode explicit` (400
+//! otherwise).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::{Value, json};
+
+use super::conn::PeerAddr;
+use super::protocol::{HEADER_LENGTH, InferRequest, encode_response};
+use super::repository::LoadedVersion;
+use super::service::{ErrorKind, Service, ServiceError, Transport};
+
+type Shared = State<Arc<Service>>;
+
+/// An error answer.
+pub fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, axum::Json(json!({"error": msg.into()}))).into_response()
+}
+
+/// The HTTP status of a service error.
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Unavailable | ErrorKind::QueueFull | ErrorKind::Timeout => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+    }
+}
+
+/// A service error as an HTTP answer (`WWW-Authenticate: Bearer` on 401).
+fn failed(e: ServiceError) -> Response {
+    let mut r = error(status_of(e.kind), e.message);
+    if e.kind == ErrorKind::Unauthenticated {
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    r
+}
+
+fn ok_json(v: Value) -> Response {
+    (StatusCode::OK, axum::Json(v)).into_response()
+}
+
+/// The router.
+pub fn router(state: Arc<Service>) -> Router {
+    Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route("/v2/models/{name}/config", get(model_config))
+        .route("/v2/models/{name}/infer", post(infer))
+        .route(
+            "/v2/models/{name}/versions/{version}",
+            get(model_metadata_v),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/ready",
+            get(model_ready_v),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/config",
+            get(model_config_v),
+        )
+        .route("/v2/models/{name}/versions/{version}/infer", post(infer_v))
+        .route("/v2/models/stats", get(stats_all))
+        .route("/v2/models/{name}/stats", get(stats_model))
+        .route(
+            "/v2/models/{name}/versions/{version}/stats",
+            get(stats_version),
+        )
+        .route("/v2/repository/index", post(repository_index))
+        .route("/v2/repository/models/{name}/load", post(repository_load))
+        .route(
+            "/v2/repository/models/{name}/unload",
+            post(repository_unload),
+        )
+        .route("/v2/profile", post(profile))
+        .route("/metrics", get(metrics))
+        .fallback(|req: axum::extract::Request| async move {
+            error(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no route {} {}; see GET /v2 and GET /v2/models/<name>",
+                    req.method(),
+                    req.uri().path()
+                ),
+            )
+        })
+        .method_not_allowed_fallback(|req: axum::extract::Request| async move {
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!(
+                    "method {} is not allowed on {}",
+                    req.method(),
+                    req.uri().path()
+                ),
+            )
+        })
+        .layer(axum::middleware::map_response(json_errors))
+        .with_state(state)
+}
+
+/// Turns an error answer that is not JSON (axum's extractor rejections are plain text) into
+/// `{"error": "<its text>"}`, keeping the status and the other headers.
+pub async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error())
+        || resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"))
+    {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let msg = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    parts.headers.remove(header::CONTENT_TYPE);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let mut out = error(status, msg);
+    for (k, v) in parts.headers.iter() {
+        out.headers_mut().entry(k).or_insert_with(|| v.clone());
+    }
+    out
+}
+
+async fn live() -> Response {
+    ok_json(json!({"live": true}))
+}
+
+async fn ready(State(s): Shared) -> Response {
+    if s.repo.ready() {
+        ok_json(json!({"ready": true}))
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"ready": false})),
+        )
+            .into_response()
+    }
+}
+
+async fn server_metadata() -> Response {
+    ok_json(json!({
+        "name": "kiln",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": [
+            "binary_tensor_data",
+            "model_configuration",
+            "statistics",
+            "model_repository",
+        ],
+    }))
+}
+
+async fn metrics(State(s): Shared) -> Response {
+    let mut body = s.metrics.render();
+    body.push_str(&auto_engine_metrics(&s));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// `kiln_auto_engine_choice` lines for the models served on the `auto` engine.
+fn auto_engine_metrics(s: &Service) -> String {
+    let cfg = s.repo.config();
+    if cfg.engine != crate::infer::auto::AUTO {
+        return String::new();
+    }
+    let (threads, buckets) = (
+        cfg.batcher.threads_per_instance,
+        super::model::buckets(cfg.batcher.max_batch_size),
+    );
+    let mut names = s.repo.names();
+    names.sort();
+    let lines: String = names
+        .iter()
+        .filter_map(|n| {
+            let choice = s
+                .repo
+                .get(n)?
+                .current()?
+                .spec
+                .auto_choice(threads, &buckets)?;
+            Some(choice.prometheus_lines(n))
+        })
+        .collect();
+    if lines.is_empty() {
+        lines
+    } else {
+        format!("{}{lines}", crate::infer::auto::PROMETHEUS_HEADER)
+    }
+}
+
+fn metadata(lv: &LoadedVersion) -> Value {
+    json!({
+        "name": lv.model,
+        "versions": [lv.version.to_string()],
+        "platform": lv.spec.platform(),
+        "inputs": lv.spec.inputs.iter().map(|t| t.metadata()).collect::<Vec<_>>(),
+        "outputs": lv.spec.outputs.iter().map(|t| t.metadata()).collect::<Vec<_>>(),
+    })
+}
+
+async fn model_metadata(State(s): Shared, Path(name): Path<String>) -> Response {
+    metadata_for(&s, &name, None)
+}
+
+async fn model_metadata_v(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
+    metadata_for(&s, &name, Some(&v))
+}
+
+fn metadata_for(s: &Service, name: &str, v: Option<&str>) -> Response {
+    match s.lookup(name, v) {
+        Ok(lv) => ok_json(metadata(&lv)),
+        Err(e) => failed(e),
+    }
+}
+
+async fn model_ready(State(s): Shared, Path(name): Path<String>) -> Response {
+    ready_for(&s, &name, None)
+}
+
+async fn model_ready_v(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
+    ready_for(&s, &name, Some(&v))
+}
+
+fn ready_for(s: &Service, name: &str, v: Option<&str>) -> Response {
+    match s.lookup(name, v) {
+        Ok(_) => ok_json(json!({"name": name, "ready": true})),
+        Err(e) if e.kind == ErrorKind::Unavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"name": name, "ready": false, "error": e.message})),
+        )
+            .into_response(),
+        Err(e) => failed(e),
+    }
+}
+
+async fn model_config(State(s): Shared, Path(name): Path<String>) -> Response {
+    config_for(&s, &name, None)
+}
+
+async fn model_config_v(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
+    config_for(&s, &name, Some(&v))
+}
+
+fn config_for(s: &Service, name: &str, v: Option<&str>) -> Response {
+    let lv = match s.lookup(name, v) {
+        Ok(x) => x,
+        Err(e) => return failed(e),
+    };
+    let cfg = s.repo.config();
+    let b = &cfg.batcher;
+    ok_json(json!({
+        "name": lv.model,
+        "platform": lv.spec.platform(),
+        "backend": "kiln",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": b.max_batch_size,
+        "input": lv.spec.inputs.iter().map(|t| t.config()).collect::<Vec<_>>(),
+        "output": lv.spec.outputs.iter().map(|t| t.config()).collect::<Vec<_>>(),
+        "dynamic_batching": {
+            "batching": b.policy.name(),
+            "max_queue_delay_microseconds": b.max_queue_delay.as_micros() as u64,
+            "preferred_batch_size": super::model::buckets(b.max_batch_size),
+            "default_queue_policy": {
+                "max_queue_size": b.max_queue_size,
+                "default_timeout_microseconds": s.request_timeout.as_micros() as u64,
+            },
+        },
+        "instance_group": [{"count": b.instances, "kind": "KIND_CPU", "threads": b.threads_per_instance}],
+        "engine": cfg.engine,
+        "engine_choice": (cfg.engine == crate::infer::auto::AUTO)
+            .then(|| {
+                let buckets = super::model::buckets(b.max_batch_size);
+                lv.spec.auto_choice(b.threads_per_instance, &buckets)
+            })
+            .flatten(),
+        "version": lv.version,
+        "kiln": lv.spec.describe(),
+    }))
+}
+
+async fn infer(
+    State(s): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    infer_for(s, name, None, headers, body).await
+}
+
+async fn infer_v(
+    State(s): Shared,
+    Path((name, v)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    infer_for(s, name, Some(v), headers, body).await
+}
+
+async fn read_body(s: &Service, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    let too_big = |n: Option<u64>| {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "request body {}exceeds the limit of {} bytes (--max-body-bytes)",
+                n.map(|n| format!("of {n} bytes ")).unwrap_or_default(),
+                s.max_body_bytes
+            ),
+        )
+    };
+    if let Some(n) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && n > s.max_body_bytes as u64
+    {
+        return Err(too_big(Some(n)));
+    }
+    match Limited::new(body, s.max_body_bytes).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(too_big(None)),
+        Err(e) if super::conn::is_body_timeout(&*e) => {
+            Err(error(StatusCode::REQUEST_TIMEOUT, e.to_string()))
+        }
+        Err(e) => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the request body: {e}"),
+        )),
+    }
+}
+
+async fn infer_for(
+    s: Arc<Service>,
+    name: String,
+    version: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let resp = infer_inner(&s, &name, version.as_deref(), &headers, body).await;
+    s.metrics.infer_response(resp.status().as_u16());
+    resp
+}
+
+/// An inference over HTTP: read the body within its limits, then the service's one infer
+/// path, with the JSON or binary-extension request parser and response encoder.
+async fn infer_inner(
+    s: &Service,
+    name: &str,
+    version: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let body = match read_body(s, headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let parse = || {
+        if let Some(enc) = headers.get(header::CONTENT_ENCODING)
+            && enc.as_bytes() != b"identity"
+        {
+            return Err(format!(
+                "Content-Encoding {enc:?} is not supported; send an uncompressed body"
+            ));
+        }
+        let hlen = headers
+            .get(HEADER_LENGTH)
+            .map(|v| v.to_str().unwrap_or("?"));
+        InferRequest::parse(body, hlen).map_err(|e| e.0)
+    };
+    let encode = |lv: &LoadedVersion, req: &InferRequest, selected: Vec<_>| {
+        encode_response(
+            &lv.model,
+            &lv.version.to_string(),
+            req.id.as_deref(),
+            &selected,
+        )
+    };
+    let enc = match s.infer(name, version, parse, encode).await {
+        Ok(enc) => enc,
+        Err(e) => return failed(e),
+    };
+    let mut resp = Response::new(Body::from(enc.body));
+    let h = resp.headers_mut();
+    match enc.header_length {
+        Some(n) => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            h.insert(HEADER_LENGTH, HeaderValue::from(n));
+        }
+        None => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+    }
+    resp
+}
+
+fn stats_for(s: &Service, name: Option<&str>, version: Option<&str>) -> Response {
+    match super::stats::model_stats(&s.repo, name, version) {
+        Ok(r) => ok_json(serde_json::to_value(r).unwrap_or(Value::Null)),
+        Err(e) => failed(e.into()),
+    }
+}
+
+async fn stats_all(State(s): Shared) -> Response {
+    stats_for(&s, None, None)
+}
+
+async fn stats_model(State(s): Shared, Path(name): Path<String>) -> Response {
+    stats_for(&s, Some(&name), None)
+}
+
+async fn stats_version(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
+    stats_for(&s, Some(&name), Some(&v))
+}
+
+/// The refusal of a control request, if it may not proceed: it needs the bearer token when
+/// one is set, else a loopback client ([`Service::authorize_control`]).
+fn refused(
+    s: &Service,
+    headers: &HeaderMap,
+    ext: &axum::http::Extensions,
+) -> Option<Box<Response>> {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let peer = ext.get::<PeerAddr>().map(|PeerAddr(p)| p.ip());
+    s.authorize_control(given, peer, Transport::Http)
+        .err()
+        .map(|e| Box::new(failed(e)))
+}
+
+async fn repository_index(
+    State(s): Shared,
+    headers: HeaderMap,
+    ext: axum::http::Extensions,
+    body: Bytes,
+) -> Response {
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
+    }
+    let ready_only = if body.iter().all(u8::is_ascii_whitespace) {
+        false
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(v) => match v.get("ready") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(other) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("`ready` must be true or false, not {other}"),
+                    );
+                }
+            },
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("the index request body is not JSON: {e}"),
+                );
+            }
+        }
+    };
+    let repo = s.repo.clone();
+    match Service::blocking(move || repo.index(ready_only)).await {
+        Ok(entries) => ok_json(serde_json::to_value(entries).unwrap_or(Value::Null)),
+        Err(e) => failed(e),
+    }
+}
+
+async fn repository_load(
+    State(s): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    ext: axum::http::Extensions,
+) -> Response {
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
+    }
+    let repo = s.repo.clone();
+    match Service::blocking(move || repo.load_model(&name)).await {
+        Ok(_) => ok_json(json!({})),
+        Err(e) => failed(e),
+    }
+}
+
+async fn repository_unload(
+    State(s): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    ext: axum::http::Extensions,
+) -> Response {
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
+    }
+    let repo = s.repo.clone();
+    // Requests in flight end within their deadline; wait a little longer than that.
+    let drain = s.request_timeout + Duration::from_secs(5);
+    match Service::blocking(move || repo.unload_model(&name, drain)).await {
+        Ok(()) => ok_json(json!({})),
+        Err(e) => failed(e),
+    }
+}
+
+/// The query of `POST /v2/profile`.
+#[derive(Debug, serde::Deserialize)]
+struct ProfileQuery {
+    duration_ms: Option<u64>,
+}
+
+async fn profile(
+    State(s): Shared,
+    headers: HeaderMap,
+    ext: axum::http::Extensions,
+    query: Result<Query<ProfileQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    use super::live_profile::{self, ProfileError};
+    if let Some(r) = refused(&s, &headers, &ext) {
+        return *r;
+    }
+    let Some(root) = s.profile_dir.clone() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "on-demand profiling is off; start kiln serve with --profile-dir DIR",
+        );
+    };
+    let ms = match query {
+        Ok(Query(q)) => q.duration_ms.unwrap_or(1000),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("bad query: {e}; expected ?duration_ms=<milliseconds>"),
+            );
+        }
+    };
+    let window = match live_profile::window(ms) {
+        Ok(w) => w,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    match live_profile::record(&root, window).await {
+        Ok(p) => ok_json(json!({
+            "dir": p.dir.display().to_string(),
+            "trace": p.outputs.trace.display().to_string(),
+            "key_averages": p.outputs.table_txt.display().to_string(),
+            "key_averages_json": p.outputs.table_json.display().to_string(),
+            "events": p.events,
+            "duration_ms": ms,
+            "table": p.outputs.averages.table(crate::observe::profiler::SortBy::Total, 30),
+        })),
+        Err(e @ ProfileError::Busy) => error(StatusCode::CONFLICT, e.to_string()),
+        Err(e @ ProfileError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ ProfileError::Empty(_)) => ok_json(json!({
+            "events": 0,
+            "duration_ms": ms,
+            "message": e.to_string(),
+        })),
+        Err(e @ ProfileError::Io { .. }) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}

@@ -1,0 +1,223 @@
+//! The regression model: a checkpoint served as FP32 `features` `[B, F]` → FP32 `mean` and
+//! `std` `[B, k]` in original units, as `kiln predict` computes them.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{
+    FEATURES_INPUT, Instance, InstanceError, LoadError, ModelInput, ModelKind, ModelSpec,
+    TensorSpec, check_batch,
+};
+use crate::artifact::Checkpoint;
+use crate::infer::build_engine;
+use crate::predict::{Prediction, Predictor};
+use crate::protocol::{Datatype, InputTensor, OutputData, OutputTensor, ProtocolError};
+
+/// How `mean` and `std` relate to the network's outputs (the `convention` parameter of both
+/// outputs in the model metadata; the README's *Output convention*).
+pub const OUTPUT_CONVENTION: &str = "original units: mean = mean_norm * target_std + target_mean; \
+std = exp(0.5 * logvar) * target_std, where the network predicts mean_norm and logvar for \
+targets normalised as (y - target_mean) / target_std with the training split's statistics";
+
+impl ModelSpec {
+    /// The regression model of a checkpoint.
+    pub fn regression(ckpt: Arc<Checkpoint>) -> Self {
+        let f = ckpt.manifest.features.len() as i64;
+        let k = ckpt.manifest.targets.len() as i64;
+        let mut input = TensorSpec::new(FEATURES_INPUT, Datatype::Fp32, &[-1, f]);
+        input.parameters.insert(
+            "feature_names".into(),
+            Value::String(ckpt.manifest.feature_names().join(",")),
+        );
+        let mut mean = TensorSpec::new("mean", Datatype::Fp32, &[-1, k]);
+        let mut std = TensorSpec::new("std", Datatype::Fp32, &[-1, k]);
+        let targets = Value::String(ckpt.manifest.target_names().join(","));
+        mean.parameters
+            .insert("target_names".into(), targets.clone());
+        std.parameters.insert("target_names".into(), targets);
+        for out in [&mut mean, &mut std] {
+            let c = Value::String(OUTPUT_CONVENTION.into());
+            out.parameters.insert("convention".into(), c);
+        }
+        Self {
+            kind: ModelKind::Regression(ckpt),
+            inputs: vec![input],
+            outputs: vec![mean, std],
+        }
+    }
+}
+
+impl ModelSpec {
+    /// What the `auto` engine chose for this model's network in this process at `threads`
+    /// per call and these `buckets` (`None` for a pick model, or before that selection).
+    pub fn auto_choice(
+        &self,
+        threads: usize,
+        buckets: &[usize],
+    ) -> Option<crate::infer::AutoChoice> {
+        match &self.kind {
+            ModelKind::Regression(c) => {
+                crate::infer::auto::choice_for(&c.weights, threads, buckets)
+            }
+            ModelKind::Pick(_) => None,
+        }
+    }
+}
+
+/// The model-configuration fields of a regression model.
+pub(super) fn describe(c: &Checkpoint) -> Value {
+    json!({
+        "features": c.manifest.features,
+        "targets": c.manifest.targets,
+        "architecture": c.manifest.architecture,
+        "weights_sha256": c.manifest.weights.sha256,
+        "run_id": c.manifest.run_id,
+    })
+}
+
+/// Check the `features` input against the checkpoint and decode its rows.
+pub(super) fn decode(
+    c: &Checkpoint,
+    t: &InputTensor,
+    max_batch: usize,
+) -> Result<ModelInput, ProtocolError> {
+    let f = c.manifest.features.len();
+    if t.datatype != Datatype::Fp32 {
+        return Err(ProtocolError(format!(
+            "input `{}` has datatype {}; expected FP32",
+            t.name, t.datatype
+        )));
+    }
+    if t.shape.len() != 2 || t.shape[1] != f {
+        return Err(ProtocolError(format!(
+            "input `{}` has shape {:?}; expected [-1, {f}] (rows × the {f} features {})",
+            t.name,
+            t.shape,
+            c.manifest.feature_names().join(", ")
+        )));
+    }
+    check_batch(&t.name, t.shape[0], max_batch)?;
+    Ok(ModelInput::Regression {
+        x: t.to_f32()?,
+        rows: t.shape[0],
+    })
+}
+
+/// Build a regression instance; the engine warms up over `buckets` first.
+pub(super) fn build(
+    c: &Checkpoint,
+    engine: &str,
+    threads: usize,
+    buckets: &[usize],
+) -> Result<Box<dyn Instance>, LoadError> {
+    let mut e = build_engine(engine, &c.weights, threads)?;
+    e.warm_up(buckets)?;
+    if engine == "int8"
+        && let Some(note) = crate::infer::auto::int8_notice_once(&c.weights, threads, buckets)?
+    {
+        tracing::warn!("{note}");
+    }
+    let pad = e.name().starts_with("cuda");
+    Ok(Box::new(RegressionInstance {
+        predictor: Predictor::new(e, &c.manifest.features, &c.manifest.targets),
+        placeholder: c.manifest.features.iter().map(|s| s.mean as f32).collect(),
+        k: c.manifest.targets.len(),
+        pad_to_bucket: pad,
+        x: Vec::new(),
+        out: Prediction {
+            mean: Vec::new(),
+            std: Vec::new(),
+        },
+    }))
+}
+
+/// Runs regression batches through one engine.
+struct RegressionInstance {
+    predictor: Predictor,
+    placeholder: Vec<f32>,
+    k: usize,
+    /// Shape-specialised engines (CUDA) see only warmed bucket sizes.
+    pad_to_bucket: bool,
+    x: Vec<f32>,
+    out: Prediction,
+}
+
+impl Instance for RegressionInstance {
+    fn inline_ok(&self) -> bool {
+        // Device engines stay on the thread that built them.
+        !self.pad_to_bucket
+    }
+
+    fn warm_up(&mut self, rows: usize) -> Result<(), InstanceError> {
+        let x: Vec<f32> = self
+            .placeholder
+            .iter()
+            .copied()
+            .cycle()
+            .take(rows * self.placeholder.len())
+            .collect();
+        self.predictor.predict_into(&x, rows, &mut self.out)?;
+        let bad = self
+            .out
+            .mean
+            .iter()
+            .chain(&self.out.std)
+            .filter(|v| !v.is_finite())
+            .count();
+        if bad > 0 {
+            return Err(InstanceError::NonFinite(format!(
+                "{bad} non-finite outputs for {rows} rows at the training means"
+            )));
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, inputs: &[&ModelInput]) -> Result<Vec<Vec<OutputTensor>>, InstanceError> {
+        self.x.clear();
+        let mut rows = 0;
+        for i in inputs {
+            match i {
+                ModelInput::Regression { x, rows: r } => {
+                    self.x.extend_from_slice(x);
+                    rows += r;
+                }
+                ModelInput::Pick(_) | ModelInput::PickRows { .. } => {
+                    return Err(InstanceError::WrongInput(
+                        "a pick input reached a regression model",
+                    ));
+                }
+            }
+        }
+        if self.pad_to_bucket {
+            let b = rows.next_power_of_two();
+            for _ in rows..b {
+                self.x.extend_from_slice(&self.placeholder);
+            }
+            rows = b;
+        }
+        self.predictor.predict_into(&self.x, rows, &mut self.out)?;
+        let k = self.k;
+        let mut start = 0;
+        Ok(inputs
+            .iter()
+            .map(|i| {
+                let r = i.rows();
+                let span = start * k..(start + r) * k;
+                start += r;
+                vec![
+                    OutputTensor {
+                        name: "mean".into(),
+                        shape: vec![r, k],
+                        data: OutputData::F32(self.out.mean[span.clone()].to_vec()),
+                    },
+                    OutputTensor {
+                        name: "std".into(),
+                        shape: vec![r, k],
+                        data: OutputData::F32(self.out.std[span].to_vec()),
+                    },
+                ]
+            })
+            .collect())
+    }
+}

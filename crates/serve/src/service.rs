@@ -1,0 +1,321 @@
+//! The transport-neutral service (text-embeddings-inference's pattern): one function per
+//! operation, owning model lookup, validation, batching and the per-version metrics and
+//! statistics. [`super::http`] and [`super::grpc`] are thin adapters: they turn their wire
+//! format into an [`InferRequest`], call [`Service::infer`], encode what it returns, and map a
+//! [`ServiceError`]'s [`ErrorKind`] onto their status codes. Whatever a request costs or
+//! fails with is counted here, once, whichever transport carried it.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::batcher::InferFailure;
+use super::metrics::{Failure, Metrics};
+use super::protocol::{InferRequest, OutputTensor, select_outputs};
+use super::repository::{LoadedVersion, ModelSlot, RepoError, RepoErrorKind, Repository};
+
+/// What every transport shares: the models, the metrics and the request limits.
+pub struct Service {
+    /// The models.
+    pub repo: Arc<Repository>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// Largest accepted request body (HTTP) or message (gRPC).
+    pub max_body_bytes: usize,
+    /// Per-request deadline (queue + compute).
+    pub request_timeout: Duration,
+    /// Bearer token of the control operations (`None`: loopback clients only).
+    pub control_token: Option<String>,
+    /// Where on-demand profiles go (`None`: profiling is off).
+    pub profile_dir: Option<PathBuf>,
+}
+
+/// Why an operation failed, in the terms both protocols map onto their own codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request cannot be served as written (HTTP 400, gRPC `INVALID_ARGUMENT`).
+    InvalidArgument,
+    /// No such model or version (404, `NOT_FOUND`).
+    NotFound,
+    /// The model is not ready (503, `UNAVAILABLE`).
+    Unavailable,
+    /// The version's queue is full (503, `RESOURCE_EXHAUSTED`).
+    QueueFull,
+    /// The request deadline passed (503, `DEADLINE_EXCEEDED`).
+    Timeout,
+    /// The engine failed (500, `INTERNAL`).
+    Internal,
+    /// A control operation without the right bearer token (401, `UNAUTHENTICATED`).
+    Unauthenticated,
+    /// A control operation from a peer that may not call it (403, `PERMISSION_DENIED`).
+    PermissionDenied,
+}
+
+/// A failed operation: its kind and the message the client gets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ServiceError {
+    /// The kind.
+    pub kind: ErrorKind,
+    /// The message.
+    pub message: String,
+}
+
+impl ServiceError {
+    /// An error of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<RepoError> for ServiceError {
+    fn from(e: RepoError) -> Self {
+        let kind = match e.kind {
+            RepoErrorKind::NotFound => ErrorKind::NotFound,
+            RepoErrorKind::InvalidArgument | RepoErrorKind::LoadFailed => {
+                ErrorKind::InvalidArgument
+            }
+            RepoErrorKind::Unavailable => ErrorKind::Unavailable,
+        };
+        Self::new(kind, e.message)
+    }
+}
+
+/// Which transport asks, for the wording of the control operations' refusals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// HTTP (the `Authorization` header).
+    Http,
+    /// gRPC (the `authorization` metadata).
+    Grpc,
+}
+
+/// Whether an `Authorization` value (HTTP header or gRPC metadata) is `Bearer <token>`,
+/// compared in time independent of where the first difference is.
+pub fn bearer_matches(authorization: Option<&str>, token: &str) -> bool {
+    authorization
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|g| {
+            g.len() == token.len()
+                && g.bytes()
+                    .zip(token.bytes())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+        })
+}
+
+impl Service {
+    /// The model (and version) a request names, or why it cannot be served. A model that is
+    /// not ready is counted in its `not_ready` metric here, for every operation that asks.
+    pub fn resolve(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<LoadedVersion>, ServiceError> {
+        let slot = self.find_slot(name)?;
+        let r = resolve_in(&slot, name, version);
+        if let Err(e) = &r
+            && e.kind == ErrorKind::Unavailable
+        {
+            slot.metrics.not_ready.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Like [`Service::resolve`], without counting a not-ready answer (metadata, readiness
+    /// and configuration probes are not inference requests).
+    pub fn lookup(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<LoadedVersion>, ServiceError> {
+        resolve_in(&self.find_slot(name)?, name, version)
+    }
+
+    fn find_slot(&self, name: &str) -> Result<Arc<ModelSlot>, ServiceError> {
+        self.repo.get(name).ok_or_else(|| {
+            let names = self.repo.names();
+            ServiceError::new(
+                ErrorKind::NotFound,
+                format!(
+                    "unknown model `{name}`; the repository has: {}",
+                    if names.is_empty() {
+                        "(no models)".into()
+                    } else {
+                        names.join(", ")
+                    }
+                ),
+            )
+        })
+    }
+
+    /// One inference, whichever transport carried it: resolve the model, `parse` the
+    /// request (the transport's wire format; its error is a bad-request message), check the
+    /// requested outputs, decode the inputs against the model, run them through the
+    /// version's batcher within the request deadline, select the outputs and `encode` them.
+    /// The version's success or failure (with its kind and latency, encoding included) is
+    /// recorded here and nowhere else.
+    pub async fn infer<T>(
+        &self,
+        name: &str,
+        version: Option<&str>,
+        parse: impl FnOnce() -> Result<InferRequest, String>,
+        encode: impl FnOnce(&LoadedVersion, &InferRequest, Vec<(OutputTensor, bool)>) -> T,
+    ) -> Result<T, ServiceError> {
+        let t0 = Instant::now();
+        let lv = self.resolve(name, version)?;
+        let vm = &lv.metrics;
+        let bad = |msg: String| {
+            vm.record_failure(Failure::BadRequest, t0.elapsed());
+            ServiceError::new(ErrorKind::InvalidArgument, msg)
+        };
+        let decode_span = kiln_core::prof_span!("serve_decode").entered();
+        let req = parse().map_err(bad)?;
+        if let Some(outs) = &req.outputs {
+            for o in outs {
+                if !lv.spec.outputs.iter().any(|t| t.name == o.name) {
+                    return Err(bad(format!(
+                        "unknown output `{}` requested; model `{name}` has outputs: {}",
+                        o.name,
+                        lv.spec
+                            .outputs
+                            .iter()
+                            .map(|t| t.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+            }
+        }
+        let max_batch = self.repo.config().batcher.max_batch_size;
+        let input = lv
+            .spec
+            .decode(&req.inputs, name, max_batch)
+            .map_err(|e| bad(e.0))?;
+        drop(decode_span);
+        let outputs = match lv.batcher.infer(input, self.request_timeout).await {
+            Ok(o) => o,
+            Err(f) => {
+                let (kind, why) = match &f {
+                    InferFailure::QueueFull { .. } => (ErrorKind::QueueFull, Failure::QueueFull),
+                    InferFailure::Timeout(_) => (ErrorKind::Timeout, Failure::Timeout),
+                    InferFailure::Internal(_) => {
+                        tracing::error!(model = %name, version = lv.version, "{f}");
+                        (ErrorKind::Internal, Failure::Internal)
+                    }
+                };
+                vm.record_failure(why, t0.elapsed());
+                return Err(ServiceError::new(kind, f.to_string()));
+            }
+        };
+        let _encode_span = kiln_core::prof_span!("serve_encode").entered();
+        let selected = select_outputs(&req, outputs).map_err(|e| bad(e.0))?;
+        let answer = encode(&lv, &req, selected);
+        vm.record_success(t0.elapsed());
+        Ok(answer)
+    }
+
+    /// Whether a control operation (repository index, load, unload; profiling) may proceed:
+    /// with a control token, the caller must present it as `Bearer <token>`; without one,
+    /// only loopback peers may call.
+    pub fn authorize_control(
+        &self,
+        authorization: Option<&str>,
+        peer: Option<IpAddr>,
+        transport: Transport,
+    ) -> Result<(), ServiceError> {
+        let (what, how) = match transport {
+            Transport::Http => (
+                "control endpoint",
+                "`Authorization: Bearer <token>` (the token given to --control-token)",
+            ),
+            Transport::Grpc => (
+                "control RPC",
+                "`authorization: Bearer <token>` metadata (the token given to --control-token)",
+            ),
+        };
+        match &self.control_token {
+            Some(token) if bearer_matches(authorization, token) => Ok(()),
+            Some(_) => Err(ServiceError::new(
+                ErrorKind::Unauthenticated,
+                format!("this {what} needs {how}"),
+            )),
+            None => match peer {
+                Some(p) if p.is_loopback() => Ok(()),
+                peer => Err(ServiceError::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "{what}s answer loopback clients only{}; start kiln serve with \
+                         --control-token to allow others with a bearer token",
+                        peer.map(|p| format!(" (this client is {p})"))
+                            .unwrap_or_default()
+                    ),
+                )),
+            },
+        }
+    }
+
+    /// Run blocking repository work off the runtime's threads.
+    pub async fn blocking<T: Send + 'static>(
+        f: impl FnOnce() -> Result<T, RepoError> + Send + 'static,
+    ) -> Result<T, ServiceError> {
+        match tokio::task::spawn_blocking(f).await {
+            Ok(r) => r.map_err(ServiceError::from),
+            Err(e) => Err(ServiceError::new(
+                ErrorKind::Internal,
+                format!("the repository task failed: {e}"),
+            )),
+        }
+    }
+}
+
+/// The version of `slot` a request names under the version policy (the latest version).
+fn resolve_in(
+    slot: &Arc<ModelSlot>,
+    name: &str,
+    version: Option<&str>,
+) -> Result<Arc<LoadedVersion>, ServiceError> {
+    let current = slot.current();
+    let not_ready = || {
+        let why = slot
+            .last_error()
+            .map(|e| format!("no version loaded ({e})"))
+            .unwrap_or_else(|| "loading".into());
+        ServiceError::new(
+            ErrorKind::Unavailable,
+            format!("model `{name}` is not ready: {why}"),
+        )
+    };
+    let not_found = |msg: String| ServiceError::new(ErrorKind::NotFound, msg);
+    let Some(v) = version else {
+        return current.ok_or_else(not_ready);
+    };
+    let Ok(v) = v.parse::<u64>() else {
+        return Err(not_found(format!(
+            "model `{name}` has no version `{v}` (versions are numbers)"
+        )));
+    };
+    if let Some(c) = current.as_ref().filter(|c| c.version == v) {
+        return Ok(c.clone());
+    }
+    let available = slot.available();
+    let serving = current.as_ref().map(|c| c.version);
+    if !available.contains(&v) {
+        return Err(not_found(format!(
+            "model `{name}` has no version {v}; versions on disk: {:?}, serving: {}",
+            available,
+            serving.map_or("none".into(), |s| s.to_string())
+        )));
+    }
+    match serving {
+        Some(s) if v < s => Err(not_found(format!(
+            "model `{name}` version {v} is not loaded: the version policy serves the latest version, {s}"
+        ))),
+        _ => Err(not_ready()),
+    }
+}

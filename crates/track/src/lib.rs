@@ -1,0 +1,19 @@
+//! kiln's tracking, above the library core: the run registry on SQLite or PostgreSQL
+//! ([`registry`]), the MLflow mirror ([`mlflow`]), the latency-regression analysis over the
+//! registry ([`analysis`]), sweeps ([`sweep`]), the promotion gate ([`promote`]), and the
+//! observers that connect a [`TrainingRun`](kiln_core::run::TrainingRun) to the first two
+//! ([`RegistryObserver`], [`MlflowObserver`]).
+
+#![warn(missing_docs)]
+
+pub mod analysis;
+pub mod mlflow;
+mod observers;
+pub mod promote;
+pub mod registry;
+pub mod sweep;
+
+pub use observers::{MlflowObserver, RegistryObserver};
+
+// The library core's modules, under the names this crate's files use.
+use kiln_core::{artifact, bench, config, data, infer, predict, records, rng, run, train, util};

@@ -1,0 +1,151 @@
+//! The observers kiln ships: the run registry and the MLflow mirror, adapted to
+//! [`RunObserver`].
+
+use std::sync::Mutex;
+
+use crate::records::{EpochRecord, NewRun, RunDir, RunEnd};
+use kiln_core::run::{ObserverError, RunObserver};
+
+/// Records the run in the run registry: its row at start (after reaping stale rows), each
+/// epoch, and the end-of-run row. A registry that cannot record the start refuses the run.
+pub struct RegistryObserver {
+    registry: Mutex<crate::registry::Registry>,
+}
+
+impl RegistryObserver {
+    /// Observe with `registry`.
+    pub fn new(registry: crate::registry::Registry) -> Self {
+        Self {
+            registry: Mutex::new(registry),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&crate::registry::Registry) -> T) -> Option<T> {
+        match self.registry.lock() {
+            Ok(r) => Some(f(&r)),
+            Err(p) => Some(f(&p.into_inner())),
+        }
+    }
+}
+
+impl RunObserver for RegistryObserver {
+    fn on_start(&self, _run: &RunDir, start: &NewRun<'_>) -> Result<(), ObserverError> {
+        let refuse = |e: crate::registry::RegistryError| ObserverError {
+            observer: "run registry".into(),
+            message: e.to_string(),
+        };
+        self.with(|r| {
+            let reaped = r.reap_stale().map_err(refuse)?;
+            if reaped > 0 {
+                tracing::warn!("run registry: marked {reaped} stale running run(s) as killed");
+            }
+            r.start_run(start).map_err(refuse)
+        })
+        .unwrap_or(Ok(()))
+    }
+
+    fn on_epoch(&self, run: &RunDir, record: &EpochRecord) {
+        if let Some(Err(e)) = self.with(|r| r.log_epoch(&run.id, record)) {
+            tracing::warn!("run registry: {e}");
+        }
+    }
+
+    fn on_end(&self, run: &RunDir, end: &RunEnd) {
+        if let Some(Err(e)) = self.with(|r| r.finish_run(&run.id, end)) {
+            tracing::warn!("run registry: {e}");
+        }
+    }
+}
+
+/// Mirrors the run to an MLflow tracking server (see [`crate::mlflow::Mirror`]): the
+/// MLflow run is created (or, on `--resume`, continued) at the start, each epoch's metrics
+/// are queued to a background sender as the epoch ends, and the end sends the summary,
+/// dataset input, artifacts and final status. A failing server never stops or slows the run.
+pub struct MlflowObserver {
+    client: crate::mlflow::Client,
+    options: crate::mlflow::MirrorOptions,
+    loaded: crate::config::LoadedConfig,
+    mirror: Mutex<Option<crate::mlflow::Mirror>>,
+    report: Mutex<Option<crate::mlflow::MirrorReport>>,
+}
+
+impl MlflowObserver {
+    /// Observe with `client` and `options`; the MLflow run starts in `on_start`.
+    pub fn new(
+        client: crate::mlflow::Client,
+        options: crate::mlflow::MirrorOptions,
+        loaded: &crate::config::LoadedConfig,
+    ) -> Self {
+        Self {
+            client,
+            options,
+            loaded: loaded.clone(),
+            mirror: Mutex::new(None),
+            report: Mutex::new(None),
+        }
+    }
+
+    /// An observer when `MLFLOW_TRACKING_URI` is set (options from MLflow's environment
+    /// variables, see [`crate::mlflow`]); `None` when it is unset, or after one
+    /// warning when the variables cannot be used.
+    pub fn from_env(loaded: &crate::config::LoadedConfig) -> Option<Self> {
+        use crate::mlflow::{Client, ClientOptions, MirrorOptions};
+        let uri = std::env::var("MLFLOW_TRACKING_URI")
+            .ok()
+            .filter(|u| !u.is_empty())?;
+        match ClientOptions::from_env().and_then(|o| Client::with_options(&uri, &o)) {
+            Ok(client) => Some(Self::new(client, MirrorOptions::from_env(loaded), loaded)),
+            Err(e) => {
+                tracing::warn!("MLflow mirror disabled: {e}");
+                None
+            }
+        }
+    }
+
+    /// The MLflow run id, once the run started.
+    pub fn run_id(&self) -> Option<String> {
+        self.mirror
+            .lock()
+            .ok()
+            .and_then(|m| m.as_ref().map(|m| m.run_id().to_string()))
+    }
+
+    /// What was sent and what could not be, once the run ended.
+    pub fn report(&self) -> Option<crate::mlflow::MirrorReport> {
+        self.report.lock().ok().and_then(|r| r.clone())
+    }
+}
+
+impl RunObserver for MlflowObserver {
+    fn on_start(&self, run: &RunDir, _start: &NewRun<'_>) -> Result<(), ObserverError> {
+        let started =
+            crate::mlflow::Mirror::start(self.client.clone(), &self.options, run, &self.loaded);
+        match started {
+            Ok(m) => {
+                if let Ok(mut slot) = self.mirror.lock() {
+                    *slot = Some(m);
+                }
+            }
+            Err(e) => tracing::warn!("MLflow mirror disabled: {e}"),
+        }
+        Ok(())
+    }
+
+    fn on_epoch(&self, _run: &RunDir, record: &EpochRecord) {
+        if let Ok(m) = self.mirror.lock()
+            && let Some(m) = m.as_ref()
+        {
+            m.log_epoch(record);
+        }
+    }
+
+    fn on_end(&self, run: &RunDir, end: &RunEnd) {
+        let mirror = self.mirror.lock().ok().and_then(|mut m| m.take());
+        if let Some(m) = mirror {
+            let report = m.finish(run, end);
+            if let Ok(mut r) = self.report.lock() {
+                *r = Some(report);
+            }
+        }
+    }
+}

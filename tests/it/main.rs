@@ -1,0 +1,28 @@
+//! kiln's integration tests: one binary (one link after a library edit, not one per file),
+//! a module per area, and one module of shared helpers ([`common`]). Unit tests stay beside
+//! the code in each crate.
+
+mod architecture;
+mod common;
+mod deploy;
+mod distill;
+mod engines;
+mod faults_serve;
+mod faults_train;
+mod grpc;
+mod import;
+mod mlflow_real;
+mod mvn;
+mod observability;
+mod observe;
+mod onnx;
+mod pick;
+mod pipeline;
+mod promote;
+mod registry;
+mod registry_conformance;
+mod replicas;
+mod run_api;
+mod serve;
+mod serve_triton;
+mod sweep_indexed;
