@@ -1,9 +1,13 @@
-//! Helpers shared by the integration tests' modules (`serve`, `faults_serve`, `grpc`,
-//! `serve_triton`, …):
-//! a tiny model trained in-process once per binary, and repositories holding it.
+//! Helpers shared by the integration tests' modules: the repository root and the `kiln`
+//! binary, tiny configs written into a temporary directory, a tiny model trained in-process
+//! once per test process, repositories holding it, and a server over them.
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::Duration;
+
+use kiln::serve::{BatcherConfig, BatchingPolicy, ServeConfig, ServerHandle};
 
 use kiln::backend::TrainCpu;
 use kiln::config;
@@ -13,6 +17,79 @@ use kiln::train::{ProgressMode, TrainJob, train};
 /// The repository root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Run the `kiln` binary in the repository root, without the environment variables that
+/// change its output (`KILN_LOG`, `NO_COLOR`, `MLFLOW_TRACKING_URI`).
+pub fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .current_dir(root())
+        .env_remove("KILN_LOG")
+        .env_remove("NO_COLOR")
+        .env_remove("MLFLOW_TRACKING_URI")
+        .output()
+        .expect("run kiln")
+}
+
+/// `configs/tiny.yaml` with its export directory at `export_dir` and the substitutions
+/// `subst` applied (each must match), written to `dir/tiny.yaml`.
+pub fn tiny_config(dir: &Path, export_dir: &Path, subst: &[(&str, &str)]) -> PathBuf {
+    let mut text = std::fs::read_to_string(root().join("configs/tiny.yaml"))
+        .unwrap()
+        .replace(
+            "  dir: checkpoints",
+            &format!("  dir: {}", export_dir.display()),
+        );
+    for (a, b) in subst {
+        assert!(
+            text.contains(a),
+            "substitution {a:?} not found in configs/tiny.yaml"
+        );
+        text = text.replace(a, b);
+    }
+    let p = dir.join("tiny.yaml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// The substitution that makes the tiny config's data path absolute (for runs whose working
+/// directory is not the repository root).
+pub fn absolute_data() -> (&'static str, String) {
+    (
+        "path: datasets/baseball.csv",
+        format!("path: {}", root().join("datasets/baseball.csv").display()),
+    )
+}
+
+/// The serving tests' server settings over `repo`: any free port, `engine`, one instance of
+/// one thread, idle-flush batching up to 64 rows, no polling.
+pub fn serve_config(repo: &Path, engine: &str) -> ServeConfig {
+    ServeConfig {
+        repository: repo.to_path_buf(),
+        port: 0,
+        engine: Some(engine.into()),
+        batcher: BatcherConfig {
+            policy: BatchingPolicy::Idle,
+            max_batch_size: 64,
+            max_queue_delay: Duration::from_micros(200),
+            max_queue_size: 256,
+            instances: 1,
+            threads_per_instance: 1,
+        },
+        poll_interval: None,
+        ..ServeConfig::default()
+    }
+}
+
+/// Start a server and wait (up to a minute) until it is ready.
+pub async fn serve(cfg: ServeConfig) -> ServerHandle {
+    let h = kiln::serve::start(cfg).await.expect("server starts");
+    assert!(
+        h.wait_ready(Duration::from_secs(60)).await,
+        "server became ready"
+    );
+    h
 }
 
 /// The export directory of `configs/tiny.yaml`, trained once per test process under
@@ -28,18 +105,13 @@ pub fn trained() -> &'static Path {
         }
         let tmp = base.join(std::process::id().to_string());
         std::fs::create_dir_all(&tmp).unwrap();
-        let mut text = std::fs::read_to_string(root().join("configs/tiny.yaml")).unwrap();
-        text = text.replace(
-            "  dir: checkpoints",
-            &format!("  dir: {}", tmp.join("out").display()),
-        );
-        let path = tmp.join("tiny.yaml");
-        std::fs::write(&path, &text).unwrap();
+        let path = tiny_config(&tmp, &tmp.join("out"), &[]);
         let loaded = config::load(&path).unwrap();
         let run = RunDir::create(&loaded.config.export.dir, &loaded.config.name).unwrap();
         std::fs::write(run.config_file(), &loaded.text).unwrap();
         let job = TrainJob {
-            hooks: None,
+            observer: None,
+            teacher: None,
             config: &loaded,
             run,
             resume: false,

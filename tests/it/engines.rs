@@ -9,7 +9,6 @@
 //! * `cuda-bf16` within 1e-2 relative (`#[ignore]`d, built with the `cuda` feature: run it
 //!   with `--features cuda -- --ignored` on a machine with a GPU).
 
-use crate::common::root;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::Path;
@@ -389,18 +388,8 @@ fn cuda_bf16_agrees_with_f32_within_1e2_relative() {
 // ---- int8 on a trained model ------------------------------------------------------------
 
 fn train_tiny(dir: &Path) -> (Checkpoint, kiln::config::LoadedConfig) {
-    let text = std::fs::read_to_string(root().join("configs/tiny.yaml"))
-        .unwrap()
-        .replace(
-            "  dir: checkpoints",
-            &format!("  dir: {}", dir.join("out").display()),
-        )
-        .replace(
-            "path: datasets/baseball.csv",
-            &format!("path: {}", root().join("datasets/baseball.csv").display()),
-        );
-    let path = dir.join("tiny.yaml");
-    std::fs::write(&path, &text).unwrap();
+    let (from, to) = crate::common::absolute_data();
+    let path = crate::common::tiny_config(dir, &dir.join("out"), &[(from, &to)]);
     let loaded = config::load(&path).unwrap();
     let trained = kiln::train::train_cpu(&loaded, &loaded.config.export.dir).unwrap();
     let ckpt = Checkpoint::load(&trained.outcome.export_dir.unwrap()).unwrap();

@@ -77,17 +77,7 @@ fn predictor(dir: &Path) -> Predictor {
 
 /// `n` deterministic rows of raw features around the training means.
 fn rows(n: usize, seed: u32) -> Vec<f32> {
-    let ckpt = Checkpoint::load(trained()).unwrap();
-    let f = &ckpt.manifest.features;
-    let mut out = Vec::with_capacity(n * f.len());
-    for r in 0..n {
-        for (j, c) in f.iter().enumerate() {
-            let u = (((r as u32 + 1) * 7919 + (j as u32 + 3) * 104_729 + seed * 31) % 1000) as f64
-                / 1000.0;
-            out.push((c.mean + c.std * (2.0 * u - 1.0)) as f32);
-        }
-    }
-    out
+    crate::common::rows_around_means(trained(), n, seed)
 }
 
 fn infer_body(x: &[f32]) -> Value {

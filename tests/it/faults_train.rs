@@ -55,15 +55,7 @@ fn stderr(o: &Output) -> String {
 
 /// `configs/tiny.yaml` with its export directory at `export_dir`, written to `dir/tiny.yaml`.
 fn tiny_config(dir: &Path, export_dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(root().join("configs/tiny.yaml"))
-        .unwrap()
-        .replace(
-            "  dir: checkpoints",
-            &format!("  dir: {}", export_dir.display()),
-        );
-    let p = dir.join("tiny.yaml");
-    std::fs::write(&p, text).unwrap();
-    p
+    crate::common::tiny_config(dir, export_dir, &[])
 }
 
 /// The single run directory under `<export>/runs/`.

@@ -18,7 +18,7 @@ use kiln::serve::grpc::proto::grpc_inference_service_client::GrpcInferenceServic
 use kiln::serve::grpc::proto::{self as pb, model_infer_request as mir};
 use kiln::serve::metrics::sample;
 use kiln::serve::protocol::{OutputData, decode_response};
-use kiln::serve::{BatcherConfig, BatchingPolicy, ServeConfig, ServerHandle};
+use kiln::serve::{BatchingPolicy, ServeConfig, ServerHandle};
 use serde_json::{Value, json};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -27,29 +27,13 @@ const F: usize = 10;
 
 fn config(repo: &Path) -> ServeConfig {
     ServeConfig {
-        repository: repo.to_path_buf(),
-        port: 0,
-        engine: Some("burn".into()),
-        batcher: BatcherConfig {
-            policy: BatchingPolicy::Idle,
-            max_batch_size: 64,
-            max_queue_delay: Duration::from_micros(200),
-            max_queue_size: 256,
-            instances: 1,
-            threads_per_instance: 1,
-        },
-        poll_interval: None,
         max_body_bytes: 1 << 20,
         grpc_port: Some(0),
-        ..ServeConfig::default()
+        ..crate::common::serve_config(repo, "burn")
     }
 }
 
-async fn serve(cfg: ServeConfig) -> ServerHandle {
-    let h = kiln::serve::start(cfg).await.expect("server starts");
-    assert!(h.wait_ready(Duration::from_secs(60)).await, "server ready");
-    h
-}
+use crate::common::serve;
 
 async fn grpc(h: &ServerHandle) -> GrpcInferenceServiceClient<Channel> {
     let addr = h.grpc_addr.expect("gRPC is on");

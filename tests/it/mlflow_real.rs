@@ -169,18 +169,7 @@ fn experiment(test: &str) -> String {
 
 /// `configs/tiny.yaml` exporting into `dir/out`, with substitutions, written to `dir`.
 fn tiny(dir: &Path, subst: &[(&str, &str)]) -> PathBuf {
-    let mut text = std::fs::read_to_string(root().join("configs/tiny.yaml")).unwrap();
-    text = text.replace(
-        "  dir: checkpoints",
-        &format!("  dir: {}", dir.join("out").display()),
-    );
-    for (a, b) in subst {
-        assert!(text.contains(a), "substitution {a:?} not found");
-        text = text.replace(a, b);
-    }
-    let path = dir.join("tiny.yaml");
-    std::fs::write(&path, &text).unwrap();
-    path
+    crate::common::tiny_config(dir, &dir.join("out"), subst)
 }
 
 fn kiln(args: &[&str], env: &[(&str, &str)]) -> Output {

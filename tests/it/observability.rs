@@ -5,34 +5,16 @@
 
 use crate::common::root;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use kiln::observe::profiler::{KeyAverage, KeyAverages};
 use kiln::track::registry::{NewRun, Registry, RunEnd};
 
 /// The binary with stdout and stderr on pipes (not terminals) and no logging settings
 /// inherited from the caller.
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .current_dir(root())
-        .env_remove("KILN_LOG")
-        .env_remove("NO_COLOR")
-        .env_remove("MLFLOW_TRACKING_URI")
-        .output()
-        .expect("run kiln")
-}
+use crate::common::kiln;
 
 fn tiny_in(dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(root().join("configs/tiny.yaml"))
-        .unwrap()
-        .replace(
-            "  dir: checkpoints",
-            &format!("  dir: {}", dir.join("out").display()),
-        );
-    let p = dir.join("tiny.yaml");
-    std::fs::write(&p, text).unwrap();
-    p
+    crate::common::tiny_config(dir, &dir.join("out"), &[])
 }
 
 fn new_run<'a>(id: &'a str, dir: &'a Path, config_text: &'a str) -> NewRun<'a> {

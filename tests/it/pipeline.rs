@@ -4,7 +4,7 @@
 
 use crate::common::root;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kiln::artifact::{Checkpoint, HostWeights};
@@ -15,28 +15,12 @@ use kiln::predict::Predictor;
 use kiln::records::RunDir;
 use kiln::train::{ProgressMode, TrainJob, Trained, train};
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run kiln")
-}
+use crate::common::kiln;
 
 /// `configs/tiny.yaml` with its export directory moved into `dir` (and optional extra text
 /// substitutions), written to `dir/tiny.yaml`.
 fn tiny_config(dir: &Path, subst: &[(&str, &str)]) -> (PathBuf, LoadedConfig) {
-    let mut text = std::fs::read_to_string(root().join("configs/tiny.yaml")).unwrap();
-    text = text.replace(
-        "  dir: checkpoints",
-        &format!("  dir: {}", dir.join("out").display()),
-    );
-    for (a, b) in subst {
-        assert!(text.contains(a), "substitution {a:?} not found");
-        text = text.replace(a, b);
-    }
-    let path = dir.join("tiny.yaml");
-    std::fs::write(&path, &text).unwrap();
+    let path = crate::common::tiny_config(dir, &dir.join("out"), subst);
     let loaded = config::load(&path).unwrap();
     (path, loaded)
 }
@@ -48,7 +32,8 @@ fn run_in_process(
     stop: Option<usize>,
 ) -> Trained<TrainCpu> {
     let job = TrainJob {
-        hooks: None,
+        observer: None,
+        teacher: None,
         config: loaded,
         run: run.clone(),
         resume,

@@ -3,7 +3,7 @@
 
 use crate::common::root;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use kiln::track::registry::{NewRun, Registry, RunEnd};
 
@@ -16,24 +16,10 @@ fn cpu() -> std::sync::MutexGuard<'static, ()> {
     CPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run kiln")
-}
+use crate::common::kiln;
 
 fn tiny_in(dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(root().join("configs/tiny.yaml"))
-        .unwrap()
-        .replace(
-            "  dir: checkpoints",
-            &format!("  dir: {}", dir.join("out").display()),
-        );
-    let p = dir.join("tiny.yaml");
-    std::fs::write(&p, text).unwrap();
-    p
+    crate::common::tiny_config(dir, &dir.join("out"), &[])
 }
 
 #[test]

@@ -9,7 +9,7 @@
 
 use crate::common::root;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use kiln::records::EpochRecord;
@@ -253,7 +253,7 @@ fn concurrent_writer_processes(backend: Backend) {
         .map(|i| {
             Command::new(std::env::current_exe().unwrap())
                 .args([
-                    "child_writer_entry",
+                    "registry_conformance::child_writer_entry",
                     "--exact",
                     "--nocapture",
                     "--test-threads",
@@ -426,13 +426,7 @@ fn planted(reg: &Registry, with_band: bool) {
     }
 }
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run kiln")
-}
+use crate::common::kiln;
 
 fn regression_detector_and_report(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();

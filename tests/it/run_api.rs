@@ -6,7 +6,6 @@
 //! (this test checks what kiln sends and when; the mirror's behaviour against a real MLflow
 //! server is the MLflow suite's business).
 
-use crate::common::root;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
@@ -20,19 +19,13 @@ use kiln::track::registry::Registry;
 use kiln::track::{MlflowObserver, RegistryObserver};
 
 fn tiny_in(dir: &Path) -> config::LoadedConfig {
-    let text = std::fs::read_to_string(root().join("configs/tiny.yaml"))
-        .unwrap()
-        .replace(
-            "  dir: checkpoints",
-            &format!("  dir: {}", dir.join("out").display()),
-        )
-        .replace(
-            "path: datasets/baseball.csv",
-            &format!("path: {}", root().join("datasets/baseball.csv").display()),
-        );
-    let p = dir.join("tiny.yaml");
-    std::fs::write(&p, text).unwrap();
-    config::load(&p).unwrap()
+    let (from, to) = crate::common::absolute_data();
+    config::load(&crate::common::tiny_config(
+        dir,
+        &dir.join("out"),
+        &[(from, &to)],
+    ))
+    .unwrap()
 }
 
 /// (method, path, body) of every request.

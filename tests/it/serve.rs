@@ -17,7 +17,7 @@ use kiln::loadgen::client::{HttpClient, HttpResponse};
 use kiln::predict::Predictor;
 use kiln::serve::metrics::sample;
 use kiln::serve::protocol::{OutputData, decode_response};
-use kiln::serve::{BatcherConfig, BatchingPolicy, ServeConfig, ServerHandle};
+use kiln::serve::{BatchingPolicy, ServeConfig, ServerHandle};
 use serde_json::{Value, json};
 
 const ENGINE: &str = "burn";
@@ -43,36 +43,12 @@ fn export_variant(dest: &Path, shift: f32) {
 
 fn config(repo: &Path) -> ServeConfig {
     ServeConfig {
-        repository: repo.to_path_buf(),
-        host: "127.0.0.1".into(),
-        port: 0,
-        engine: Some(ENGINE.into()),
-        batcher: BatcherConfig {
-            policy: BatchingPolicy::Idle,
-            max_batch_size: 64,
-            max_queue_delay: Duration::from_micros(200),
-            max_queue_size: 256,
-            instances: 1,
-            threads_per_instance: 1,
-        },
-        request_timeout: Duration::from_secs(10),
-        poll_interval: None,
         max_body_bytes: 1 << 20,
-        signals: false,
-        connection: Default::default(),
-        grpc_port: None,
-        ..ServeConfig::default()
+        ..crate::common::serve_config(repo, ENGINE)
     }
 }
 
-async fn serve(cfg: ServeConfig) -> ServerHandle {
-    let h = kiln::serve::start(cfg).await.expect("server starts");
-    assert!(
-        h.wait_ready(Duration::from_secs(30)).await,
-        "server became ready"
-    );
-    h
-}
+use crate::common::serve;
 
 fn predictor(dir: &Path) -> Predictor {
     let ckpt = Checkpoint::load(dir).unwrap();

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use kiln::artifact::WEIGHTS_FILE;
 use kiln::loadgen::client::{HttpClient, HttpResponse};
 use kiln::serve::metrics::sample;
-use kiln::serve::{BatcherConfig, BatchingPolicy, ModelControlMode, ServeConfig, ServerHandle};
+use kiln::serve::{ModelControlMode, ServeConfig, ServerHandle};
 use serde_json::{Value, json};
 
 /// The tiny model of this binary (trained once).
@@ -25,31 +25,10 @@ use serde_json::{Value, json};
 const F: usize = 10;
 
 fn config(repo: &Path) -> ServeConfig {
-    ServeConfig {
-        repository: repo.to_path_buf(),
-        port: 0,
-        engine: Some("burn".into()),
-        batcher: BatcherConfig {
-            policy: BatchingPolicy::Idle,
-            max_batch_size: 64,
-            max_queue_delay: Duration::from_micros(200),
-            max_queue_size: 256,
-            instances: 1,
-            threads_per_instance: 1,
-        },
-        poll_interval: None,
-        ..ServeConfig::default()
-    }
+    crate::common::serve_config(repo, "burn")
 }
 
-async fn serve(cfg: ServeConfig) -> ServerHandle {
-    let h = kiln::serve::start(cfg).await.expect("server starts");
-    assert!(
-        h.wait_ready(Duration::from_secs(60)).await,
-        "server became ready"
-    );
-    h
-}
+use crate::common::serve;
 
 fn client(h: &ServerHandle) -> HttpClient {
     HttpClient::new(h.addr).with_timeout(Duration::from_secs(30))

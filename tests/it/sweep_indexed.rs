@@ -29,14 +29,7 @@ fn stderr(o: &Output) -> String {
 
 /// A tiny config writing under `dir`, and a 2 × 2 sweep of it.
 fn sweep_in(dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(root().join("configs/tiny.yaml"))
-        .unwrap()
-        .replace(
-            "  dir: checkpoints",
-            &format!("  dir: {}", dir.join("out").display()),
-        );
-    let cfg = dir.join("tiny.yaml");
-    std::fs::write(&cfg, text).unwrap();
+    let cfg = crate::common::tiny_config(dir, &dir.join("out"), &[]);
     let sweep = dir.join("sizes.yaml");
     std::fs::write(
         &sweep,

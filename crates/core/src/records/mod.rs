@@ -4,11 +4,13 @@
 //! engines.
 
 mod epoch;
+mod observer;
 pub mod repository;
 mod run_dir;
 mod run_rows;
 
 pub use epoch::EpochRecord;
+pub use observer::{ObserverError, RunObserver};
 pub use run_dir::{RunDir, RunState, RunStatus};
 pub use run_rows::{NewRun, RunEnd};
 

@@ -16,13 +16,12 @@
 //!
 //! `kiln train` is this plus argument parsing, the observers its flags ask for, and printing.
 
-mod observer;
 pub mod teacher;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use observer::{ObserverError, RunObserver};
+pub use crate::records::{ObserverError, RunObserver};
 
 use crate::artifact::{ArtifactError, Checkpoint};
 use crate::bench::latency::{self, LatencyReport};
@@ -30,7 +29,7 @@ use crate::config::{CpuBackend, DeviceKind, LoadedConfig, Loss, Precision};
 use crate::data::dataset::sha256_hex;
 use crate::infer::InferError;
 use crate::records::{EpochRecord, NewRun, RunDir, RunEnd, RunState};
-use crate::train::{ProgressMode, TrainError, TrainHooks, TrainJob, TrainOutcome, train};
+use crate::train::{ProgressMode, TrainError, TrainJob, TrainOutcome, train};
 use crate::util;
 
 /// Errors that end a run.
@@ -276,8 +275,10 @@ impl TrainingRun {
             let t = teacher::EngineTeacher::load(&dirs, &self.loaded)?;
             let _ = self.teacher.set(t);
         }
+        let fanout = Fanout(&self.observers);
         let job = TrainJob {
-            hooks: Some(self),
+            observer: Some(&fanout),
+            teacher: self.teacher.get().map(|t| t as &dyn crate::train::Teacher),
             config: &self.loaded,
             run: self.dir.clone(),
             resume: self.options.resume.is_some(),
@@ -307,24 +308,25 @@ impl TrainingRun {
     }
 }
 
-impl TrainHooks for TrainingRun {
+/// The run's observers as the one observer the training loop is given (it reports epochs,
+/// stage ends and the export; the run itself reports start and end).
+struct Fanout<'a>(&'a [Box<dyn RunObserver>]);
+
+impl RunObserver for Fanout<'_> {
     fn on_epoch(&self, run: &RunDir, record: &EpochRecord) {
-        for o in &self.observers {
+        for o in self.0 {
             o.on_epoch(run, record);
         }
     }
     fn on_stage_end(&self, run: &RunDir, index: usize, name: &str) {
-        for o in &self.observers {
+        for o in self.0 {
             o.on_stage_end(run, index, name);
         }
     }
     fn on_export(&self, run: &RunDir, dir: &Path) {
-        for o in &self.observers {
+        for o in self.0 {
             o.on_export(run, dir);
         }
-    }
-    fn teacher(&self) -> Option<&dyn crate::train::Teacher> {
-        self.teacher.get().map(|t| t as &dyn crate::train::Teacher)
     }
 }
 

@@ -43,10 +43,7 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             &const_var,
         );
         self.reporter.line(&report.table());
-        let teacher = job
-            .hooks
-            .and_then(|h| h.teacher())
-            .filter(|_| cfg.distill.is_some());
+        let teacher = job.teacher.filter(|_| cfg.distill.is_some());
         let teacher_report = match teacher {
             Some(t) => {
                 let (m, sd) = t
@@ -121,7 +118,7 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             std::fs::remove_dir_all(&export_dir).map_err(io_err(&export_dir))?;
         }
         let manifest = artifact::export(&export_dir, manifest, &weights)?;
-        if let Some(h) = job.hooks {
+        if let Some(h) = job.observer {
             h.on_export(run, &export_dir);
         }
         Ok(Trained {

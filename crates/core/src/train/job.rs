@@ -26,7 +26,7 @@ use crate::config::{ExperimentConfig, LoadedConfig};
 use crate::data::DataError;
 use crate::model::RegressionNet;
 use crate::observe::verdict::Verdict;
-use crate::records::{EpochRecord, RunDir};
+use crate::records::{EpochRecord, RunDir, RunObserver};
 
 /// Errors that end a training run.
 #[derive(Debug, thiserror::Error)]
@@ -80,26 +80,14 @@ pub enum TrainError {
     },
 }
 
-/// Callbacks for observers of the training loop (the run layer forwards them to the run's
-/// observers: registry, MLflow mirror). Failures are the observer's to report; they never
-/// stop training.
-pub trait TrainHooks: Sync {
-    /// An epoch ended (its line is in `epochs.jsonl`; its snapshot follows).
-    fn on_epoch(&self, _run: &RunDir, _record: &EpochRecord) {}
-    /// Stage `index` (`name`) ended: its best epoch is restored and snapshotted.
-    fn on_stage_end(&self, _run: &RunDir, _index: usize, _name: &str) {}
-    /// The checkpoint was exported (renamed into place) at `dir`.
-    fn on_export(&self, _run: &RunDir, _dir: &Path) {}
-    /// The teacher of a distillation run (config `distill:`); the run layer provides it.
-    fn teacher(&self) -> Option<&dyn super::distill::Teacher> {
-        None
-    }
-}
-
 /// What a training run is asked to do.
 pub struct TrainJob<'a> {
-    /// Observers of the run.
-    pub hooks: Option<&'a dyn TrainHooks>,
+    /// Who follows the training loop (its epochs, stage ends and the export; the run layer
+    /// passes one that forwards to the registry, the MLflow mirror, …). Failures are the
+    /// observer's to report; they never stop training.
+    pub observer: Option<&'a dyn RunObserver>,
+    /// The teacher of a distillation run (config `distill:`); the run layer provides it.
+    pub teacher: Option<&'a dyn super::distill::Teacher>,
     /// The experiment.
     pub config: &'a LoadedConfig,
     /// The run directory (fresh, or the one being resumed).

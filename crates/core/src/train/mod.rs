@@ -22,7 +22,7 @@ pub mod state;
 pub mod trainer;
 
 pub use distill::Teacher;
-pub use job::{StageSummary, TrainError, TrainHooks, TrainJob, TrainOutcome, Trained, summarise};
+pub use job::{StageSummary, TrainError, TrainJob, TrainOutcome, Trained, summarise};
 pub use prepare::Prepared;
 pub use progress::ProgressMode;
 pub use stage::{adamw, part_param_ids, set_trainable, stage_loss};

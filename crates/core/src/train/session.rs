@@ -109,7 +109,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         let (train_y, train_y_aff) = match &cfg.distill {
             None => (data.train.y.clone(), y_aff.clone()),
             Some(d) => {
-                let teacher = job.hooks.and_then(|h| h.teacher()).ok_or_else(|| {
+                let teacher = job.teacher.ok_or_else(|| {
                     TrainError::Distill(
                         "the config has a `distill:` section but the trainer was given no teacher (train through kiln::run::TrainingRun, as `kiln train` does)"
                             .into(),
@@ -290,7 +290,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             let stage_done = self.progress.epoch >= stage.epochs;
             self.snapshot(&optim, stage_done)?;
             if stage_done {
-                if let Some(h) = job.hooks {
+                if let Some(h) = job.observer {
                     h.on_stage_end(&job.run, si, &stage.name);
                 }
                 break;
@@ -485,7 +485,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         line.push('\n');
         append(&self.job.run.epochs_file(), line.as_bytes())?;
         crate::util::fault::point("after-epoch-log");
-        if let Some(h) = self.job.hooks {
+        if let Some(h) = self.job.observer {
             h.on_epoch(&self.job.run, &record);
         }
         self.progress.history.push(record.clone());

@@ -47,7 +47,8 @@ pub fn train_cpu(
     let cfg = run.config_file();
     crate::util::write_atomic(&cfg, loaded.text.as_bytes())?;
     let job = TrainJob {
-        hooks: None,
+        observer: None,
+        teacher: None,
         config: loaded,
         run,
         resume: false,

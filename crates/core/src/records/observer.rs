@@ -1,8 +1,10 @@
-//! The one small trait through which a run is observed.
+//! The one small trait through which a run is observed: by the run registry, the MLflow
+//! mirror, a scheduler — and by the run itself, which hands the training loop one observer
+//! that forwards to all of them.
 
 use std::path::Path;
 
-use crate::records::{EpochRecord, NewRun, RunDir, RunEnd};
+use super::{EpochRecord, NewRun, RunDir, RunEnd};
 
 /// An observer's refusal of a run's start (e.g. the registry could not record the run).
 #[derive(Debug, thiserror::Error)]
@@ -14,7 +16,7 @@ pub struct ObserverError {
     pub message: String,
 }
 
-/// Something that follows a [`super::TrainingRun`]: the run registry, the MLflow mirror, a
+/// Something that follows a training run (`kiln_core::run::TrainingRun`): the run registry, the MLflow mirror, a
 /// scheduler's own bookkeeping. Methods are called from the training thread in this order:
 /// `on_start`, then per epoch `on_epoch`, per stage `on_stage_end`, once `on_export`, and
 /// always `on_end` (finished or failed). Only `on_start` can stop a run (an observer that
