@@ -144,7 +144,7 @@ pub enum ServeError {
 }
 
 /// The default engine: `auto` (the fastest CPU engine per batch-size bucket, timed at load;
-/// see `kiln::infer::auto`).
+/// see `kiln_core::infer::auto`).
 pub fn default_engine() -> String {
     crate::infer::auto::AUTO.to_string()
 }

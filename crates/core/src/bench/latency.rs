@@ -47,7 +47,7 @@ impl LatencyReport {
 }
 
 /// The engine the serving tier uses by default: `auto` (the fastest CPU engine per batch
-/// size, see `kiln::infer::auto`).
+/// size, see `kiln_core::infer::auto`).
 pub fn serving_engine() -> &'static str {
     crate::infer::auto::AUTO
 }

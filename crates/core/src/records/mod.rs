@@ -125,7 +125,7 @@ pub const CPU_ENGINES: [&str; 4] = names([
 /// The CUDA inference engines (built with the `cuda` feature).
 pub const CUDA_ENGINES: [&str; 2] = names([EngineKind::CudaBf16, EngineKind::CudaF32]);
 
-/// The engine that picks the fastest CPU engine per batch size at load (`kiln::infer::auto`):
+/// The engine that picks the fastest CPU engine per batch size at load (`kiln_core::infer::auto`):
 /// the default of `kiln serve`, `kiln predict` and `export.engine: null`.
 pub const AUTO_ENGINE: &str = EngineKind::Auto.name();
 

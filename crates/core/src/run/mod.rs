@@ -6,8 +6,8 @@
 //! export, end); each is optional.
 //!
 //! ```no_run
-//! use kiln::run::{RunOptions, TrainingRun};
-//! let loaded = kiln::config::load(std::path::Path::new("configs/baseball.yaml"))?;
+//! use kiln_core::run::{RunOptions, TrainingRun};
+//! let loaded = kiln_core::config::load(std::path::Path::new("configs/baseball.yaml"))?;
 //! let run = TrainingRun::new(loaded, RunOptions::default())?;
 //! let summary = run.execute()?;
 //! println!("exported to {:?}", summary.outcome.export_dir);

@@ -1050,7 +1050,7 @@ mod tests {
     }
 
     fn loaded_from(file: &str) -> LoadedConfig {
-        let path = format!("{}/configs/{file}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!("{}/../../configs/{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap();
         let config = crate::config::parse(&text, std::path::Path::new(file)).unwrap();
         LoadedConfig {
