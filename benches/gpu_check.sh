@@ -7,25 +7,25 @@
 #   3. `kiln bench infer --engine fused,cuda-f32,cuda-bf16 --batch 1,1024,65536`,
 #   4. bf16 training throughput (samples/s and optimizer steps/s) on configs/tiny.yaml.
 #
-# Binaries: $KILN (default target/release/kiln) and $ENGINES_TEST (the `tests/engines.rs`
-# binary). When either is missing and cargo is available, both are built with
-# `--features cuda`. To carry prebuilt binaries to a GPU machine:
+# Binaries: $KILN (default target/release/kiln) and $ENGINES_TEST (the integration-test
+# binary `it`, whose `engines::cuda…` test runs here). When either is missing and cargo is
+# available, both are built with `--features cuda`. To carry prebuilt binaries to a GPU machine:
 #   cargo build --release --features cuda
-#   cargo test --release --features cuda --test engines --no-run   # prints the test binary
-#   KILN=target/release/kiln ENGINES_TEST=target/release/deps/engines-<hash> benches/gpu_check.sh
+#   cargo test --release --features cuda --test it --no-run   # prints the test binary
+#   KILN=target/release/kiln ENGINES_TEST=target/release/deps/it-<hash> benches/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 KILN=${KILN:-target/release/kiln}
 ENGINES_TEST=${ENGINES_TEST:-}
 if [ -z "$ENGINES_TEST" ]; then
-    ENGINES_TEST=$(ls -t target/release/deps/engines-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
+    ENGINES_TEST=$(ls -t target/release/deps/it-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 fi
 if { [ ! -x "$KILN" ] || [ -z "$ENGINES_TEST" ]; } && command -v cargo >/dev/null; then
     echo "== building with --features cuda"
     cargo build --release --features cuda
-    ENGINES_TEST=$(cargo test --release --features cuda --test engines --no-run 2>&1 \
-        | sed -n 's/.*(\(target[^)]*engines-[^)]*\)).*/\1/p' | tail -1)
+    ENGINES_TEST=$(cargo test --release --features cuda --test it --no-run 2>&1 \
+        | sed -n 's/.*(\(target[^)]*it-[^)]*\)).*/\1/p' | tail -1)
 fi
 
 echo "== 1. GPU"
@@ -33,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || echo "nv
 
 echo "== 2. cuda-bf16 / cuda-f32 vs f32 (CPU Burn) agreement"
 if [ -n "$ENGINES_TEST" ] && [ -x "$ENGINES_TEST" ]; then
-    "$ENGINES_TEST" cuda --nocapture --test-threads 1 2>&1 | grep -E "cuda|test result|panicked|note" || true
+    "$ENGINES_TEST" engines::cuda --nocapture --test-threads 1 2>&1 | grep -E "cuda|test result|panicked|note" || true
 else
     echo "engines test binary not found (set ENGINES_TEST)"
 fi
