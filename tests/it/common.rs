@@ -19,6 +19,17 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The value of `var`, which names a real service a test needs (`how` says where it comes
+/// from). Such tests are `#[ignore = "needs …"]`, so they run only when asked for
+/// (`cargo test -- --ignored`, as `.ci/run` does after starting the services); asked for
+/// without the service, they fail — never a silent pass.
+pub fn required_env(var: &str, how: &str) -> String {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => v,
+        _ => panic!("{var} is not set: this test needs {how}; `.ci/run` provides it"),
+    }
+}
+
 /// Run the `kiln` binary in the repository root, without the environment variables that
 /// change its output (`KILN_LOG`, `NO_COLOR`, `MLFLOW_TRACKING_URI`).
 pub fn kiln(args: &[&str]) -> Output {

@@ -710,13 +710,12 @@ async fn grpc_connections_are_capped_and_silent_ones_time_out() {
 
 /// tritonclient.grpc and tritonclient.http give equal answers against a live `kiln serve`.
 #[test]
+#[ignore = "needs tritonclient: KILN_TEST_TRITON_PYTHON (.ci/triton.sh)"]
 fn tritonclient_grpc_answers_equal_tritonclient_http() {
-    let Ok(python) = std::env::var("KILN_TEST_TRITON_PYTHON") else {
-        eprintln!(
-            "SKIPPED: tritonclient_grpc_answers_equal_tritonclient_http: KILN_TEST_TRITON_PYTHON is not set (source .ci/triton.sh)"
-        );
-        return;
-    };
+    let python = crate::common::required_env(
+        "KILN_TEST_TRITON_PYTHON",
+        "a Python with tritonclient[grpc,http] (.ci/triton.sh)",
+    );
     let repo = crate::common::repository_of(trained());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let h = rt.block_on(serve(config(repo.path())));

@@ -11,7 +11,7 @@
 //! KILN_TEST_MLFLOW_URI=http://127.0.0.1:5000 cargo test --release --test mlflow_real
 //! ```
 //!
-//! Without it, each test that needs the server prints one `SKIPPED:` line and passes. The
+//! The tests that need the server are `#[ignore = "needs …"]` and fail without it. The
 //! "server down" tests need no server and always run. Fault injection (a server answering
 //! 500 mid-run, a full queue) is tested with an in-process stand-in in
 //! `crates/track/src/mlflow/mod.rs`.
@@ -24,18 +24,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// The server under test, or `None` after one loud line.
-fn server(test: &str) -> Option<Api> {
-    match std::env::var("KILN_TEST_MLFLOW_URI") {
-        Ok(uri) if !uri.is_empty() => Some(Api {
-            base: uri.trim_end_matches('/').to_string(),
-        }),
-        _ => {
-            eprintln!(
-                "SKIPPED: {test}: KILN_TEST_MLFLOW_URI unset (no real MLflow server; .ci/mlflow.sh starts one)"
-            );
-            None
-        }
+/// The server under test (the tests that need it are `#[ignore]`d and fail without it).
+fn server(test: &str) -> Api {
+    let uri = crate::common::required_env(
+        "KILN_TEST_MLFLOW_URI",
+        &format!("a real MLflow server for {test} (.ci/mlflow.sh)"),
+    );
+    Api {
+        base: uri.trim_end_matches('/').to_string(),
     }
 }
 
@@ -243,10 +239,9 @@ fn expected_artifacts(run_dir: &Path) -> BTreeMap<String, PathBuf> {
 }
 
 #[test]
+#[ignore = "needs MLflow: KILN_TEST_MLFLOW_URI (.ci/mlflow.sh)"]
 fn a_training_run_is_mirrored_completely() {
-    let Some(api) = server("a_training_run_is_mirrored_completely") else {
-        return;
-    };
+    let api = server("a_training_run_is_mirrored_completely");
     let tmp = tempfile::tempdir().unwrap();
     // The profiler runs too, so its trace and key averages become artifacts.
     let cfg = tiny(
@@ -459,10 +454,9 @@ fn a_training_run_is_mirrored_completely() {
 }
 
 #[test]
+#[ignore = "needs MLflow: KILN_TEST_MLFLOW_URI (.ci/mlflow.sh)"]
 fn a_sweep_is_one_parent_run_with_a_child_per_member() {
-    let Some(api) = server("a_sweep_is_one_parent_run_with_a_child_per_member") else {
-        return;
-    };
+    let api = server("a_sweep_is_one_parent_run_with_a_child_per_member");
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tiny(
         tmp.path(),
@@ -532,11 +526,9 @@ fn a_sweep_is_one_parent_run_with_a_child_per_member() {
 }
 
 #[test]
+#[ignore = "needs MLflow: KILN_TEST_MLFLOW_URI (.ci/mlflow.sh)"]
 fn sigkill_is_reaped_as_killed_and_resume_continues_the_same_mlflow_run() {
-    let Some(api) = server("sigkill_is_reaped_as_killed_and_resume_continues_the_same_mlflow_run")
-    else {
-        return;
-    };
+    let api = server("sigkill_is_reaped_as_killed_and_resume_continues_the_same_mlflow_run");
     let tmp = tempfile::tempdir().unwrap();
     // A real per-sample cost in the data path makes each epoch long enough to be killed in
     // the middle of the run.

@@ -171,6 +171,18 @@ fn indexed_flow(sweep: &Path, registry: &str) -> Answer {
 
 #[test]
 fn an_indexed_sweep_reaches_the_one_process_answer() {
+    indexed_sweep(false);
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: KILN_TEST_POSTGRES_URL (.ci/postgres.sh)"]
+fn an_indexed_sweep_on_postgres_reaches_the_one_process_answer() {
+    indexed_sweep(true);
+}
+
+/// Plan, reference answer from one process, then the indexed flow on SQLite or (`postgres`)
+/// on the PostgreSQL server `KILN_TEST_POSTGRES_URL` names.
+fn indexed_sweep(postgres: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let sweep = sweep_in(tmp.path());
     let file = sweep.to_str().unwrap();
@@ -205,17 +217,17 @@ fn an_indexed_sweep_reaches_the_one_process_answer() {
         }
     };
 
-    let sqlite = format!("sqlite://{}", tmp.path().join("shared.db").display());
-    same(&indexed_flow(&sweep, &sqlite), "SQLite");
-
-    match std::env::var("KILN_TEST_POSTGRES_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
+    if !postgres {
+        let sqlite = format!("sqlite://{}", tmp.path().join("shared.db").display());
+        same(&indexed_flow(&sweep, &sqlite), "SQLite");
+        return;
+    }
     {
-        None => println!(
-            "SKIPPED: the indexed sweep on PostgreSQL (KILN_TEST_POSTGRES_URL is not set; .ci/run sets it, see README \"Run registry\")"
-        ),
-        Some(base) => {
+        let base = crate::common::required_env(
+            "KILN_TEST_POSTGRES_URL",
+            "a PostgreSQL server (.ci/postgres.sh)",
+        );
+        {
             let db = format!("kiln_sweep_{}", std::process::id());
             let mut client = postgres::Client::connect(&base, postgres::NoTls).unwrap();
             // One statement per call: CREATE DATABASE cannot run inside a transaction block.
