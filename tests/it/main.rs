@@ -6,6 +6,7 @@ mod architecture;
 mod common;
 mod deploy;
 mod distill;
+mod early_stopping;
 mod engines;
 mod faults_serve;
 mod faults_train;

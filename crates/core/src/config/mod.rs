@@ -200,6 +200,61 @@ stages:
     }
 
     #[test]
+    fn early_stopping_counts_epochs_since_the_last_improvement_beyond_min_delta() {
+        let es = EarlyStopping {
+            patience: 2,
+            min_delta: 0.1,
+        };
+        assert!(!es.should_stop(&[]));
+        assert!(!es.should_stop(&[1.0]));
+        assert!(!es.should_stop(&[1.0, 0.95]));
+        // 0.95 and 0.92 are within min_delta of 1.0: two epochs without improvement.
+        assert!(es.should_stop(&[1.0, 0.95, 0.92]));
+        // 0.85 improves on 1.0 by more than 0.1: the count restarts there.
+        assert!(!es.should_stop(&[1.0, 0.95, 0.85, 0.8]));
+        assert!(es.should_stop(&[1.0, 0.95, 0.85, 0.8, 0.84]));
+        // Non-finite losses never improve; a stage that never had a finite loss stops too.
+        assert!(es.should_stop(&[f64::NAN, f64::NAN]));
+        let strict = EarlyStopping {
+            patience: 1,
+            min_delta: 0.0,
+        };
+        assert!(
+            strict.should_stop(&[1.0, 1.0]),
+            "equal is not an improvement"
+        );
+        assert!(!strict.should_stop(&[1.0, 0.999]));
+    }
+
+    #[test]
+    fn early_stopping_is_validated() {
+        let with = |es: &str| {
+            MINIMAL.replace(
+                "    epochs: 2\n",
+                &format!("    epochs: 2\n    early_stopping: {es}\n"),
+            )
+        };
+        let c = p(&with("{patience: 3}")).unwrap();
+        assert_eq!(
+            c.stages[0].early_stopping,
+            Some(EarlyStopping {
+                patience: 3,
+                min_delta: 0.0
+            })
+        );
+        let e = p(&with("{patience: 0}")).unwrap_err().to_string();
+        assert!(e.contains("stages[0].early_stopping.patience"), "{e}");
+        let e = p(&with("{patience: 2, min_delta: -1}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("early_stopping.min_delta"), "{e}");
+        let e = p(&with("{patience: 2, patient: 1}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("patient"), "{e}");
+    }
+
+    #[test]
     fn minimal_config_gets_documented_defaults() {
         let c = p(MINIMAL).unwrap();
         assert_eq!(c.seed, 42);

@@ -506,6 +506,44 @@ pub struct StageConfig {
     /// Global L2 gradient-norm clipping threshold (`null` disables).
     #[serde(default)]
     pub clip_norm: Option<f64>,
+    /// Stop the stage when the validation loss has not improved for `patience` epochs
+    /// (absent: run every epoch). The best epoch is restored either way.
+    #[serde(default)]
+    pub early_stopping: Option<EarlyStopping>,
+}
+
+/// Early stopping on the validation loss, per stage.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EarlyStopping {
+    /// Epochs without an improvement after which the stage ends (≥ 1).
+    pub patience: usize,
+    /// An epoch improves only when its validation loss is below the best so far by more than
+    /// this (≥ 0, in the loss's units).
+    #[serde(default)]
+    pub min_delta: f64,
+}
+
+impl EarlyStopping {
+    /// Whether a stage whose validation losses so far are `losses` (one per epoch, in order)
+    /// stops now: the last `patience` epochs brought no improvement beyond `min_delta` over the
+    /// best loss before them. Computed from the history alone, so a resumed run decides exactly
+    /// as an uninterrupted one.
+    pub fn should_stop(&self, losses: &[f64]) -> bool {
+        let mut reference = f64::INFINITY;
+        let mut last_improvement: Option<usize> = None;
+        for (i, &v) in losses.iter().enumerate() {
+            if v.is_finite() && (reference.is_infinite() || v < reference - self.min_delta) {
+                reference = v;
+                last_improvement = Some(i);
+            }
+        }
+        let since = match last_improvement {
+            Some(i) => losses.len() - 1 - i,
+            None => losses.len(),
+        };
+        self.patience > 0 && since >= self.patience
+    }
 }
 
 /// Where runs and exports are written.

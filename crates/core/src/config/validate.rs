@@ -329,6 +329,20 @@ impl ExperimentConfig {
                     format!("expected a positive number or null, got {c}"),
                 );
             }
+            if let Some(es) = s.early_stopping {
+                if es.patience == 0 {
+                    return bad(
+                        k("early_stopping.patience"),
+                        "expected patience ≥ 1 epochs, got 0".into(),
+                    );
+                }
+                if !(es.min_delta.is_finite() && es.min_delta >= 0.0) {
+                    return bad(
+                        k("early_stopping.min_delta"),
+                        format!("expected a finite min_delta ≥ 0, got {}", es.min_delta),
+                    );
+                }
+            }
         }
         Ok(())
     }

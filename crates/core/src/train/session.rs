@@ -287,7 +287,30 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
                 return Ok(StageEnd::Stopped);
             }
             self.run_epoch(si, stage, &mut optim, &schedule)?;
-            let stage_done = self.progress.epoch >= stage.epochs;
+            let stopped_early = self.progress.epoch < stage.epochs
+                && stage.early_stopping.is_some_and(|es| {
+                    let losses: Vec<f64> = self
+                        .progress
+                        .history
+                        .iter()
+                        .filter(|r| r.stage == si)
+                        .map(|r| r.val_loss)
+                        .collect();
+                    es.should_stop(&losses)
+                });
+            if stopped_early {
+                let es = stage.early_stopping.expect("checked above");
+                self.reporter.line(&format!(
+                    "stage {}: early stop after epoch {}/{} (no validation improvement > {} for {} epochs; best epoch {} restored)",
+                    stage.name,
+                    self.progress.epoch,
+                    stage.epochs,
+                    es.min_delta,
+                    es.patience,
+                    self.progress.best_epoch.map_or(0, |e| e + 1),
+                ));
+            }
+            let stage_done = stopped_early || self.progress.epoch >= stage.epochs;
             self.snapshot(&optim, stage_done)?;
             if stage_done {
                 if let Some(h) = job.observer {

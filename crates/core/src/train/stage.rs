@@ -112,6 +112,7 @@ mod tests {
             },
             schedule: ScheduleConfig::Constant,
             clip_norm: None,
+            early_stopping: None,
         }
     }
 
