@@ -490,7 +490,9 @@ fn main() -> ExitCode {
                     message = format!("{message}: {cause}");
                 }
             }
-            eprintln!("error: {message}");
+            // Exit 4 ("nothing to do", `kiln promote`) is an outcome, not a failure.
+            let label = if e.code == 4 { "note" } else { "error" };
+            eprintln!("{label}: {message}");
             ExitCode::from(e.code)
         }
     }

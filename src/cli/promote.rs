@@ -5,18 +5,24 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{CliError, CliResult};
-use kiln::track::promote::{Gates, PromoteOptions, parse_fraction, promote};
+use kiln::track::promote::{Gates, Outcome, PromoteOptions, parse_fraction, promote};
 
 /// Compare a candidate checkpoint with the version served from `DIR/NAME/` (the highest that
-/// loads) on the candidate config's test split and on the same latency benchmark (same
-/// engine, this machine, now, interleaved), and promote it only if both gates pass: no
-/// target's test MSE worse by more than --max-mse-increase, the mean test NLL no worse by
-/// more than --max-nll-increase, and the median latency at batch 1 and 128 below
-/// --max-latency-ratio times the served one's. A promoted candidate is written to
+/// loads) on the candidate's test split — the rows the run held out, from the data file it
+/// trained on (its SHA-256 is checked) — and on the same latency benchmark (same engine, this
+/// machine, now, interleaved). Quality is compared paired, row by row, with a bootstrap
+/// confidence interval: a target's MSE or the mean NLL refuses the candidate only when it is
+/// worse with --confidence beyond the tolerance (--max-mse-increase, --max-nll-increase), so
+/// seed noise does not flip the decision; the median latency at batch 1 and 128 must stay
+/// below --max-latency-ratio times the served one's. A promoted candidate is written to
 /// `DIR/NAME/<next>/` atomically (a polling server never sees part of it). The decision and
-/// its numbers are printed and recorded in the run registry's `promotions` table.
+/// its numbers are printed and recorded in the run registry's `promotions` table (`kiln runs
+/// promotions`).
 ///
-/// Exit codes: 0 promoted (or would be, with --dry-run), 3 refused, 2 bad input, 1 failure.
+/// Exit codes: 0 promoted (or would be, with --dry-run), 3 refused (worse beyond noise, slower,
+/// or not finite), 4 nothing to do (the served weights, or the same data and config: a
+/// scheduled job treats it as success), 2 bad input (including a data file that changed since
+/// the run), 1 failure.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PromoteArgs {
     /// The candidate: a run directory (with `export/` and `config.yaml`) or an export
@@ -46,12 +52,24 @@ pub struct PromoteArgs {
     /// Engine to measure both models with (default: the serving default).
     #[arg(long)]
     pub engine: Option<String>,
-    /// Largest allowed increase of any target's test MSE: `5%` or `0.05`.
-    #[arg(long, default_value = "5%", value_parser = parse_fraction, value_name = "FRACTION")]
+    /// Tolerated increase of any target's test MSE: `3%` or `0.03`. Refused only when the
+    /// increase's lower confidence bound exceeds it.
+    #[arg(long, default_value = "3%", value_parser = parse_fraction, value_name = "FRACTION")]
     pub max_mse_increase: f64,
-    /// Largest allowed increase of the mean test Gaussian NLL (nats per value).
-    #[arg(long, default_value_t = 0.05, value_name = "NATS")]
+    /// Tolerated increase of the mean test Gaussian NLL (nats per value), in the same way.
+    #[arg(long, default_value_t = 0.01, value_name = "NATS")]
     pub max_nll_increase: f64,
+    /// One-sided confidence of the paired bootstrap bounds: `95%` or `0.95`.
+    #[arg(long, default_value = "95%", value_parser = parse_fraction, value_name = "FRACTION")]
+    pub confidence: f64,
+    /// Resample the test rows by this column (e.g. `player_id`): rows of one group move
+    /// together in the bootstrap.
+    #[arg(long, value_name = "COLUMN")]
+    pub group: Option<String>,
+    /// Evaluate on this data file instead of the one the candidate trained on (whose SHA-256
+    /// must otherwise be unchanged).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
     /// Refused when the candidate's median latency is this many times the served one's or
     /// more, at batch 1 or 128.
     #[arg(long, default_value_t = 1.5, value_name = "RATIO")]
@@ -93,7 +111,11 @@ pub fn run(a: &PromoteArgs) -> CliResult {
             max_mse_increase: a.max_mse_increase,
             max_nll_increase: a.max_nll_increase,
             max_latency_ratio: a.max_latency_ratio,
+            confidence: a.confidence,
+            ..Gates::default()
         },
+        data: a.data.clone(),
+        group: a.group.clone(),
         latency_budget: Duration::from_millis(a.latency_ms.max(1)),
         dry_run: a.dry_run,
         keep: a.keep,
@@ -115,16 +137,23 @@ pub fn run(a: &PromoteArgs) -> CliResult {
     } else {
         print!("{}", p.report());
     }
-    if p.decision.promoted {
-        Ok(())
-    } else {
-        Err(CliError {
-            code: 3,
+    match p.decision.outcome {
+        Outcome::Promoted => Ok(()),
+        Outcome::NothingToDo => Err(CliError {
+            code: Outcome::NothingToDo.exit_code(),
+            error: anyhow::anyhow!(
+                "nothing to do for {}: {}",
+                p.candidate.display(),
+                p.decision.reasons().join("; ")
+            ),
+        }),
+        Outcome::Refused => Err(CliError {
+            code: Outcome::Refused.exit_code(),
             error: anyhow::anyhow!(
                 "promotion of {} refused: {}",
                 p.candidate.display(),
                 p.decision.reasons().join("; ")
             ),
-        })
+        }),
     }
 }

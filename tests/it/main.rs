@@ -14,6 +14,7 @@ mod grpc;
 mod import;
 mod mlflow_real;
 mod mvn;
+mod nightly;
 mod observability;
 mod observe;
 mod onnx;

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use kiln::artifact::{Checkpoint, export};
 use kiln::track::promote::{
-    BatchP50, Gates, Measurement, Quality, TargetQuality, decide, install_version, parse_fraction,
-    served_version, versions,
+    BatchP50, Gates, Measurement, Outcome, Quality, TargetQuality, decide, install_version,
+    parse_fraction, served_version, versions,
 };
 use kiln::track::registry::Registry;
 use serde_json::Value;
@@ -54,6 +54,9 @@ fn variant(dir: &Path, name: &str, shift: f32, wide: Option<usize>) -> PathBuf {
     std::fs::copy(config_of_trained(), run.join("config.yaml")).unwrap();
     let mut manifest = ckpt.manifest.clone();
     manifest.run_id = name.to_string();
+    // A hand-made variant stands for a run with another recipe: same data, another config
+    // (the same data and config would be "nothing to do").
+    manifest.config_sha256 = format!("variant {name}");
     export(&run.join("export"), manifest, &weights).unwrap();
     run
 }
@@ -136,6 +139,7 @@ fn m(mse: &[f64], nll: f64, b1: f64, b128: f64, sha: &str) -> Measurement {
             },
         ],
         weights_sha256: sha.into(),
+        rows: None,
     }
 }
 
@@ -154,16 +158,18 @@ fn the_gate_rule_on_injected_numbers() {
     // Better everywhere: promoted.
     let d = decide(&g, &m(&[0.9, 1.9], 0.45, 9.0, 90.0, "b"), Some(&served));
     assert!(d.promoted, "{d:?}");
-    // Within the tolerances (MSE +4.9 %, NLL +0.049, latency 1.49×): promoted.
+    // Within the tolerances (MSE +2.9 %, NLL +0.009, latency 1.49×): promoted.
     let d = decide(
         &g,
-        &m(&[1.049, 2.0], 0.549, 14.9, 149.0, "b"),
+        &m(&[1.029, 2.0], 0.509, 14.9, 149.0, "b"),
         Some(&served),
     );
     assert!(d.promoted, "{d:?}");
+    assert_eq!(d.outcome, Outcome::Promoted);
     // One target 6 % worse: refused on that target only.
     let d = decide(&g, &m(&[1.06, 1.0], 0.40, 9.0, 90.0, "b"), Some(&served));
     assert!(!d.promoted);
+    assert_eq!(d.outcome, Outcome::Refused);
     assert_eq!(failed(&d), ["mse t0"]);
     // NLL 0.06 worse.
     let d = decide(&g, &m(&[1.0, 2.0], 0.56, 9.0, 90.0, "b"), Some(&served));
@@ -178,14 +184,17 @@ fn the_gate_rule_on_injected_numbers() {
         (c.candidate, c.incumbent, c.limit),
         (15.0, Some(10.0), Some(15.0))
     );
-    // The served weights again: refused.
+    // The served weights again: nothing to do (exit 4), not a refusal.
     let d = decide(&g, &m(&[1.0, 2.0], 0.5, 10.0, 100.0, "a"), Some(&served));
     assert_eq!(failed(&d), ["differs from served"]);
+    assert_eq!(d.outcome, Outcome::NothingToDo);
+    assert_eq!(d.outcome.exit_code(), 4);
     // Looser gates accept what the defaults refuse.
     let loose = Gates {
         max_mse_increase: 0.10,
         max_nll_increase: 0.1,
         max_latency_ratio: 2.0,
+        ..Gates::default()
     };
     assert!(
         decide(

@@ -9,6 +9,7 @@
 pub mod analysis;
 pub mod mlflow;
 mod observers;
+pub mod paired;
 pub mod promote;
 pub mod registry;
 pub mod sweep;

@@ -118,23 +118,49 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PromoteError + '_ {
 }
 
 /// The thresholds of the gate.
+///
+/// Quality is compared *paired*, on the same test rows: per row the candidate's and the served
+/// version's squared error (per target) and Gaussian NLL (mean over targets). A check fails
+/// only when the candidate is worse **with confidence** (the one-sided `confidence` lower bound
+/// of the paired bootstrap, rows resampled by group when `group` is given) **and beyond the
+/// tolerance** (`max_mse_increase` relative, `max_nll_increase` in nats). The tolerances absorb
+/// what the bootstrap cannot see — two models that differ only by their seed differ for real on
+/// any test set: on the baseball data (seasons ≤ 2018, 544 test rows, 20 seeds) a one-sided
+/// 95 % rule with no tolerance refused 25 % of seed-only pairs; with the defaults below, 0.5 %
+/// (MSE) and 2 % (NLL). See `docs/nightly.md`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Gates {
-    /// Largest allowed relative increase of any target's test MSE (0.05 = 5 %).
+    /// Tolerated relative increase of any target's test MSE (0.03 = 3 %).
     pub max_mse_increase: f64,
-    /// Largest allowed increase of the mean test Gaussian NLL (nats per value).
+    /// Tolerated increase of the mean test Gaussian NLL (nats per value).
     pub max_nll_increase: f64,
     /// The candidate's median latency must stay below this multiple of the served one's at
     /// every benchmark batch size (the registry's regression rule: 1.5).
     pub max_latency_ratio: f64,
+    /// One-sided confidence of the paired bootstrap bounds (0.95).
+    #[serde(default = "default_confidence")]
+    pub confidence: f64,
+    /// Bootstrap resamples (seeded, so a decision is reproducible).
+    #[serde(default = "default_resamples")]
+    pub resamples: usize,
+}
+
+fn default_confidence() -> f64 {
+    0.95
+}
+
+fn default_resamples() -> usize {
+    2000
 }
 
 impl Default for Gates {
     fn default() -> Self {
         Self {
-            max_mse_increase: 0.05,
-            max_nll_increase: 0.05,
+            max_mse_increase: 0.03,
+            max_nll_increase: 0.01,
             max_latency_ratio: 1.5,
+            confidence: default_confidence(),
+            resamples: default_resamples(),
         }
     }
 }
@@ -187,6 +213,29 @@ pub struct BatchP50 {
     pub iters: usize,
 }
 
+/// Per-row test losses of one model, for the paired comparison.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RowLosses {
+    /// Squared error, `rows × targets`, row-major.
+    pub sq: Vec<f64>,
+    /// Gaussian NLL per row, averaged over the targets.
+    pub nll: Vec<f64>,
+    /// The resampling group of each row (a hash of the group column's value), if any.
+    pub groups: Option<Vec<u64>>,
+}
+
+impl RowLosses {
+    /// Rows covered.
+    pub fn rows(&self) -> usize {
+        self.nll.len()
+    }
+
+    /// Target `j`'s squared errors.
+    pub fn target(&self, j: usize, k: usize) -> Vec<f64> {
+        self.sq.iter().skip(j).step_by(k.max(1)).copied().collect()
+    }
+}
+
 /// What was measured of one model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Measurement {
@@ -196,6 +245,10 @@ pub struct Measurement {
     pub latency: Vec<BatchP50>,
     /// SHA-256 of the weights file.
     pub weights_sha256: String,
+    /// Per-row losses (not serialised; absent for numbers given by hand, which are then
+    /// compared as point estimates).
+    #[serde(skip)]
+    pub rows: Option<RowLosses>,
 }
 
 /// One check of the gate.
@@ -215,13 +268,53 @@ pub struct Check {
     pub detail: String,
 }
 
+/// What the gate decided, as the exit code says it (0, 3, 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every check passed: the candidate is (or would be) the new version. Exit 0.
+    Promoted,
+    /// A check failed: worse beyond noise, slower, or not finite. Exit 3.
+    Refused,
+    /// Nothing to do: the candidate's weights are the served version's, or it was trained on
+    /// the same data with the same config. Exit 4 (a scheduled job treats it as success).
+    NothingToDo,
+}
+
+impl Outcome {
+    /// The process exit code of `kiln promote` for this outcome.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Promoted => 0,
+            Outcome::Refused => 3,
+            Outcome::NothingToDo => 4,
+        }
+    }
+
+    /// The word recorded in the registry's `promotions.decision`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Outcome::Promoted => "promoted",
+            Outcome::Refused => "refused",
+            Outcome::NothingToDo => "nothing_to_do",
+        }
+    }
+}
+
 /// The gate's verdict.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
     /// Every check passed.
     pub promoted: bool,
+    /// Promoted, refused or nothing to do.
+    #[serde(default = "refused")]
+    pub outcome: Outcome,
     /// The checks, in order.
     pub checks: Vec<Check>,
+}
+
+fn refused() -> Outcome {
+    Outcome::Refused
 }
 
 impl Decision {
@@ -272,8 +365,14 @@ pub fn decide(gates: &Gates, candidate: &Measurement, incumbent: Option<&Measure
         },
     });
     let Some(inc) = incumbent else {
+        let promoted = checks.iter().all(|c| c.passed);
         return Decision {
-            promoted: checks.iter().all(|c| c.passed),
+            promoted,
+            outcome: if promoted {
+                Outcome::Promoted
+            } else {
+                Outcome::Refused
+            },
             checks,
         };
     };
@@ -285,12 +384,26 @@ pub fn decide(gates: &Gates, candidate: &Measurement, incumbent: Option<&Measure
         limit: None,
         passed: !identical,
         detail: if identical {
-            "the candidate's weights are the served version's".into()
+            "the candidate's weights are the served version's: nothing to do".into()
         } else {
             "new weights".into()
         },
     });
-    for t in &q.targets {
+    if identical {
+        return Decision {
+            promoted: false,
+            outcome: Outcome::NothingToDo,
+            checks,
+        };
+    }
+    let paired = match (&candidate.rows, &inc.rows) {
+        (Some(c), Some(i)) if c.rows() == i.rows() && c.rows() > 0 => Some((c, i)),
+        _ => None,
+    };
+    let units = paired.map(|(c, _)| crate::paired::units(c.rows(), c.groups.as_deref()));
+    let k = q.targets.len();
+    let conf = gates.confidence;
+    for (j, t) in q.targets.iter().enumerate() {
         let Some(it) = inc.quality.targets.iter().find(|x| x.target == t.target) else {
             checks.push(Check {
                 name: format!("mse {}", t.target),
@@ -302,38 +415,108 @@ pub fn decide(gates: &Gates, candidate: &Measurement, incumbent: Option<&Measure
             });
             continue;
         };
-        let limit = it.mse * (1.0 + gates.max_mse_increase);
-        let passed = t.mse <= limit;
-        let change = (t.mse / it.mse - 1.0) * 100.0;
+        let tol = gates.max_mse_increase;
+        let limit = it.mse * (1.0 + tol);
+        let (passed, detail) = match (paired, &units) {
+            (Some((c, i)), Some(u)) => {
+                let r = crate::paired::compare(
+                    &c.target(j, k),
+                    &i.target(j, k),
+                    u,
+                    crate::paired::Scale::Relative,
+                    conf,
+                    gates.resamples,
+                    0x6a7e ^ j as u64,
+                );
+                let v = r.verdict(tol);
+                (
+                    v != crate::paired::Verdict::Worse,
+                    format!(
+                        "test MSE of {} {:.6} vs served {:.6}: {:+.2} % [{:+.2}, {:+.2}] at {:.0} % over {} {} — {} (refused when the lower bound exceeds {:+.2} %)",
+                        t.target,
+                        t.mse,
+                        it.mse,
+                        r.estimate * 100.0,
+                        r.lower * 100.0,
+                        r.upper * 100.0,
+                        conf * 100.0,
+                        r.units,
+                        if c.groups.is_some() { "groups" } else { "rows" },
+                        v.word(),
+                        tol * 100.0
+                    ),
+                )
+            }
+            _ => {
+                let change = (t.mse / it.mse - 1.0) * 100.0;
+                (
+                    t.mse <= limit,
+                    format!(
+                        "test MSE of {} {:.6} vs served {:.6} ({change:+.2} %, limit {:+.2} %; point estimate, no per-row losses)",
+                        t.target,
+                        t.mse,
+                        it.mse,
+                        tol * 100.0
+                    ),
+                )
+            }
+        };
         checks.push(Check {
             name: format!("mse {}", t.target),
             candidate: t.mse,
             incumbent: Some(it.mse),
             limit: Some(limit),
             passed,
-            detail: format!(
-                "test MSE of {} {:.6} vs served {:.6} ({change:+.2} %, limit {:+.2} %)",
-                t.target,
-                t.mse,
-                it.mse,
-                gates.max_mse_increase * 100.0
-            ),
+            detail,
         });
     }
-    let limit = inc.quality.nll + gates.max_nll_increase;
+    let tol = gates.max_nll_increase;
+    let limit = inc.quality.nll + tol;
+    let (passed, detail) = match (paired, &units) {
+        (Some((c, i)), Some(u)) => {
+            let r = crate::paired::compare(
+                &c.nll,
+                &i.nll,
+                u,
+                crate::paired::Scale::Absolute,
+                conf,
+                gates.resamples,
+                0x6a7e_0011,
+            );
+            let v = r.verdict(tol);
+            (
+                v != crate::paired::Verdict::Worse,
+                format!(
+                    "test NLL {:.4} vs served {:.4}: {:+.4} [{:+.4}, {:+.4}] at {:.0} % — {} (refused when the lower bound exceeds {:+.4})",
+                    q.nll,
+                    inc.quality.nll,
+                    r.estimate,
+                    r.lower,
+                    r.upper,
+                    conf * 100.0,
+                    v.word(),
+                    tol
+                ),
+            )
+        }
+        _ => (
+            q.nll <= limit,
+            format!(
+                "test NLL {:.4} vs served {:.4} ({:+.4}, limit {:+.4}; point estimate)",
+                q.nll,
+                inc.quality.nll,
+                q.nll - inc.quality.nll,
+                tol
+            ),
+        ),
+    };
     checks.push(Check {
         name: "nll".into(),
         candidate: q.nll,
         incumbent: Some(inc.quality.nll),
         limit: Some(limit),
-        passed: q.nll <= limit,
-        detail: format!(
-            "test NLL {:.4} vs served {:.4} ({:+.4}, limit {:+.4})",
-            q.nll,
-            inc.quality.nll,
-            q.nll - inc.quality.nll,
-            gates.max_nll_increase
-        ),
+        passed,
+        detail,
     });
     for b in &candidate.latency {
         let Some(ib) = inc.latency.iter().find(|x| x.batch == b.batch) else {
@@ -353,8 +536,14 @@ pub fn decide(gates: &Gates, candidate: &Measurement, incumbent: Option<&Measure
             ),
         });
     }
+    let promoted = checks.iter().all(|c| c.passed);
     Decision {
-        promoted: checks.iter().all(|c| c.passed),
+        promoted,
+        outcome: if promoted {
+            Outcome::Promoted
+        } else {
+            Outcome::Refused
+        },
         checks,
     }
 }
@@ -365,7 +554,21 @@ pub fn quality(
     targets: &[String],
     split: &Subset,
 ) -> Result<Quality, InferError> {
+    Ok(quality_and_rows(predictor, targets, split)?.0)
+}
+
+/// Test metrics of `predictor` on `split` and its per-row losses (for the paired comparison).
+pub fn quality_and_rows(
+    predictor: &mut Predictor,
+    targets: &[String],
+    split: &Subset,
+) -> Result<(Quality, RowLosses), InferError> {
     let rows = split.rows();
+    let mut per_row = RowLosses {
+        sq: Vec::with_capacity(rows * targets.len()),
+        nll: vec![0.0; rows],
+        groups: None,
+    };
     let nf = predictor.n_features();
     let k = targets.len();
     let mut sse = vec![0.0f64; k];
@@ -382,12 +585,18 @@ pub fn quality(
             let j = i % k;
             let y = split.y[start * k + i] as f64;
             let (m, s) = (m as f64, s as f64);
-            sse[j] += (y - m).powi(2);
-            snll[j] += util::HALF_LN_2PI + util::gaussian_nll(y, m, 2.0 * s.ln());
+            let (se, nll) = (
+                (y - m).powi(2),
+                util::HALF_LN_2PI + util::gaussian_nll(y, m, 2.0 * s.ln()),
+            );
+            sse[j] += se;
+            snll[j] += nll;
+            per_row.sq.push(se);
+            per_row.nll[start + i / k] += nll / k as f64;
         }
     }
     let n = rows.max(1) as f64;
-    Ok(Quality {
+    let q = Quality {
         rows,
         targets: targets
             .iter()
@@ -399,7 +608,8 @@ pub fn quality(
             })
             .collect(),
         nll: snll.iter().sum::<f64>() / (n * k.max(1) as f64),
-    })
+    };
+    Ok((q, per_row))
 }
 
 /// Median latencies of two predictors measured side by side: at each batch size both see the
@@ -594,6 +804,12 @@ pub struct PromoteOptions {
     pub keep: Option<usize>,
     /// The registry file (default: the config's `registry.path`, else `<export.dir>/runs.db`).
     pub registry: Option<PathBuf>,
+    /// Evaluate on this data file instead of the one the candidate was trained on (whose
+    /// SHA-256 must otherwise still match the candidate's manifest).
+    pub data: Option<PathBuf>,
+    /// Resample the test rows by this column's value (e.g. `player_id`) in the paired
+    /// bootstrap, so that correlated rows of one group count once.
+    pub group: Option<String>,
 }
 
 impl PromoteOptions {
@@ -611,6 +827,8 @@ impl PromoteOptions {
             dry_run: false,
             keep: None,
             registry: None,
+            data: None,
+            group: None,
         }
     }
 }
@@ -683,6 +901,9 @@ impl Promotion {
                 "would refuse (dry run): {}",
                 self.decision.reasons().join("; ")
             ),
+            (false, _, _) if self.decision.outcome == Outcome::NothingToDo => {
+                format!("nothing to do: {}", self.decision.reasons().join("; "))
+            }
             (false, false, _) => format!("refused: {}", self.decision.reasons().join("; ")),
         };
         s.push_str(&verdict);
@@ -727,10 +948,13 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         && g.max_mse_increase.is_finite()
         && g.max_mse_increase >= 0.0
         && g.max_nll_increase.is_finite()
-        && g.max_nll_increase >= 0.0;
+        && g.max_nll_increase >= 0.0
+        && g.confidence > 0.5
+        && g.confidence < 1.0
+        && g.resamples >= 100;
     if !valid {
         return Err(PromoteError::Invalid(format!(
-            "gate thresholds must be finite and non-negative (latency ratio positive): {g:?}"
+            "gate thresholds must be finite and non-negative (latency ratio positive, confidence in (0.5, 1), at least 100 resamples): {g:?}"
         )));
     }
     let cand_dir = resolve_dir(&opts.candidate);
@@ -749,7 +973,47 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         }
     };
     let loaded = config::load(&config_path)?;
-    let data = Dataset::load(&loaded.config.data)?;
+    let mut data_cfg = loaded.config.data.clone();
+    match &opts.data {
+        Some(p) => data_cfg.path = p.clone(),
+        None => {
+            // The path as the run recorded it: relative to the working directory of `kiln
+            // train`, which the manifest records resolved. Prefer the resolved one when the
+            // relative one does not exist from here.
+            let recorded = PathBuf::from(&cand.manifest.dataset.path);
+            if !data_cfg.path.exists() && recorded.is_absolute() && recorded.exists() {
+                data_cfg.path = recorded;
+            }
+        }
+    }
+    let data = Dataset::load(&data_cfg)?;
+    if opts.data.is_none() && data.sha256 != cand.manifest.dataset.sha256 {
+        return Err(PromoteError::Invalid(format!(
+            "{}: the data file changed since run {} trained on it (SHA-256 {} now, {} recorded): the gate would test on other rows than the run held out; retrain, or pass --data FILE to evaluate on a file explicitly",
+            data_cfg.path.display(),
+            cand.manifest.run_id,
+            &data.sha256[..12.min(data.sha256.len())],
+            &cand.manifest.dataset.sha256[..12.min(cand.manifest.dataset.sha256.len())]
+        )));
+    }
+    let groups = match &opts.group {
+        None => None,
+        Some(col) => {
+            let table = crate::data::table::CsvTable::read(&data_cfg.path)?;
+            let idx = table.column_index(col)?;
+            Some(
+                data.test
+                    .source_rows
+                    .iter()
+                    .map(|&r| {
+                        let mut h = std::collections::hash_map::DefaultHasher::new();
+                        std::hash::Hash::hash(&table.rows[r][idx], &mut h);
+                        std::hash::Hasher::finish(&h)
+                    })
+                    .collect::<Vec<u64>>(),
+            )
+        }
+    };
     let names = |m: &crate::artifact::Manifest| (m.feature_names(), m.target_names());
     let (cf, ct) = names(&cand.manifest);
     if cf != data.features || ct != data.targets {
@@ -777,7 +1041,8 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         .clone()
         .unwrap_or_else(|| serving_engine().to_string());
     let mut cand_pred = Predictor::for_checkpoint(&cand, build_engine(&engine, &cand.weights, 1)?);
-    let cand_quality = quality(&mut cand_pred, &ct, &data.test)?;
+    let (cand_quality, mut cand_rows) = quality_and_rows(&mut cand_pred, &ct, &data.test)?;
+    cand_rows.groups = groups.clone();
     let mut inc_pred = match &served {
         Some((_, inc)) => Some(Predictor::for_checkpoint(
             inc,
@@ -786,7 +1051,11 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         None => None,
     };
     let inc_quality = match inc_pred.as_mut() {
-        Some(p) => Some(quality(p, &ct, &data.test)?),
+        Some(p) => {
+            let (q, mut r) = quality_and_rows(p, &ct, &data.test)?;
+            r.groups = groups;
+            Some((q, r))
+        }
         None => None,
     };
     let mut preds: Vec<&mut Predictor> = vec![&mut cand_pred];
@@ -805,16 +1074,37 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         quality: cand_quality,
         latency: lat.next().unwrap_or_default(),
         weights_sha256: cand.manifest.weights.sha256.clone(),
+        rows: Some(cand_rows),
     };
     let inc_m = match (&served, inc_quality) {
-        (Some((_, inc)), Some(q)) => Some(Measurement {
+        (Some((_, inc)), Some((q, r))) => Some(Measurement {
             quality: q,
             latency: lat.next().unwrap_or_default(),
             weights_sha256: inc.manifest.weights.sha256.clone(),
+            rows: Some(r),
         }),
         _ => None,
     };
-    let decision = decide(&opts.gates, &cand_m, inc_m.as_ref());
+    let mut decision = decide(&opts.gates, &cand_m, inc_m.as_ref());
+    if let Some((v, inc)) = &served
+        && decision.outcome != Outcome::NothingToDo
+        && inc.manifest.dataset.sha256 == cand.manifest.dataset.sha256
+        && inc.manifest.config_sha256 == cand.manifest.config_sha256
+    {
+        decision.checks.push(Check {
+            name: "new data or config".into(),
+            candidate: 0.0,
+            incumbent: None,
+            limit: None,
+            passed: false,
+            detail: format!(
+                "served version {v} was trained on the same data (SHA-256 {}) with the same config: nothing to do",
+                &inc.manifest.dataset.sha256[..12.min(inc.manifest.dataset.sha256.len())]
+            ),
+        });
+        decision.promoted = false;
+        decision.outcome = Outcome::NothingToDo;
+    }
     let incumbent_version = served.as_ref().map(|(v, _)| *v);
     let mut promotion = Promotion {
         model: opts.model.clone(),
@@ -858,11 +1148,7 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         run_id: Some(promotion.run_id.clone()),
         incumbent_version: incumbent_version.map(|v| v as i64),
         version: promotion.version.map(|v| v as i64),
-        decision: if promotion.decision.promoted {
-            "promoted".into()
-        } else {
-            "refused".into()
-        },
+        decision: promotion.decision.outcome.word().into(),
         details: serde_json::json!({
             "engine": promotion.engine,
             "gates": opts.gates,

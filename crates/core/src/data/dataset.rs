@@ -17,6 +17,9 @@ pub struct Subset {
     pub y: Vec<f32>,
     /// The season of each row.
     pub season: Vec<i64>,
+    /// Each row's index among the file's data rows (0 = the first row after the header), so
+    /// that other columns of the same rows can be read back (e.g. the gate's group column).
+    pub source_rows: Vec<usize>,
 }
 
 impl Subset {
@@ -76,6 +79,7 @@ impl Dataset {
                     part.x.extend_from_slice(&x[i * nf..(i + 1) * nf]);
                     part.y.extend_from_slice(&y[i * nt..(i + 1) * nt]);
                     part.season.push(season);
+                    part.source_rows.push(i);
                 }
                 None => unused += 1,
             }

@@ -303,6 +303,7 @@ mod tests {
             x: vec![2.0, 0.0],
             y: vec![3.0, 1.0],
             season: vec![2017, 2018],
+            source_rows: vec![0, 1],
         };
         // Normalised mean 0.5 → original 2.0; residuals 1 and −1.
         let pred = SplitPredictions {

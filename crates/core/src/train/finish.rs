@@ -103,7 +103,12 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
                 m
             },
             dataset: DatasetInfo {
-                path: cfg.data.path.display().to_string(),
+                // Resolved once (relative paths are relative to the working directory of
+                // `kiln train`), so that `kiln promote` finds the same file from anywhere.
+                path: std::path::absolute(&cfg.data.path)
+                    .unwrap_or_else(|_| cfg.data.path.clone())
+                    .display()
+                    .to_string(),
                 sha256: data.sha256.clone(),
                 rows: [data.train.rows(), data.validation.rows(), data.test.rows()],
                 split,
