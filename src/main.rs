@@ -53,16 +53,16 @@ enum Command {
         #[command(subcommand)]
         command: ProfileCommand,
     },
-    /// Inspect the run registry: list, show, compare, report, regressions.
+    /// Inspect the run registry: list, show, compare, report, regressions, promotions.
     Runs {
-        /// Registry: a file, `sqlite:///file` or `postgres://…` (default: checkpoints/runs.db).
-        #[arg(
-            long,
-            global = true,
-            value_name = "REGISTRY",
-            default_value = "checkpoints/runs.db"
-        )]
-        registry: PathBuf,
+        /// Registry: a file, `sqlite:///file` or `postgres://…` (default: the one `--config`
+        /// names, else checkpoints/runs.db).
+        #[arg(long, global = true, value_name = "REGISTRY")]
+        registry: Option<PathBuf>,
+        /// Read the registry this experiment config names (`registry.path`, else
+        /// `<export.dir>/runs.db`).
+        #[arg(long, global = true, value_name = "FILE", conflicts_with = "registry")]
+        config: Option<PathBuf>,
         #[command(subcommand)]
         command: RunsCommand,
     },
@@ -187,6 +187,16 @@ enum RunsCommand {
         /// Latency at batch 1 or 128.
         #[arg(long, default_value_t = 1)]
         batch: usize,
+    },
+    /// The promotion gate's decisions (`kiln promote`), oldest first, with their numbers and
+    /// which run each model's newest version came from.
+    Promotions {
+        /// Only this model.
+        #[arg(long, value_name = "NAME")]
+        model: Option<String>,
+        /// JSON lines.
+        #[arg(long)]
+        json: bool,
     },
     /// Flag runs whose latency is anomalous for their size; exit code 3 when any is found.
     Regressions {
@@ -377,35 +387,45 @@ fn run(cli: Cli) -> CliResult {
             ProfileCommand::Diff { a, b, json } => cli::observe::profile_diff(&a, &b, json),
         },
         Command::Doctor { json } => cli::observe::doctor(json),
-        Command::Runs { registry, command } => match command {
-            RunsCommand::List { json } => cli::runs::list(&registry, json),
-            RunsCommand::Show { id, json } => cli::runs::show(&registry, &id, json),
-            RunsCommand::Compare { a, b, json } => cli::runs::compare(&registry, &a, &b, json),
-            RunsCommand::Report { out, batch } => cli::runs::LatencyBatch::from_batch(batch)
-                .and_then(|w| cli::runs::report(&registry, &out, w)),
-            RunsCommand::Regressions {
-                batch,
-                ratio,
-                size_tolerance,
-                min_delta_us,
-                attribute,
-                out,
-                json,
-            } => cli::runs::LatencyBatch::from_batch(batch).and_then(|which| {
-                cli::runs::regressions(&cli::runs::RegressionArgs {
-                    registry: &registry,
-                    which,
+        Command::Runs {
+            registry,
+            config,
+            command,
+        } => match cli::runs::registry_of(registry, config.as_deref()) {
+            Err(e) => Err(e),
+            Ok(registry) => match command {
+                RunsCommand::List { json } => cli::runs::list(&registry, json),
+                RunsCommand::Promotions { model, json } => {
+                    cli::runs::promotions(&registry, model.as_deref(), json)
+                }
+                RunsCommand::Show { id, json } => cli::runs::show(&registry, &id, json),
+                RunsCommand::Compare { a, b, json } => cli::runs::compare(&registry, &a, &b, json),
+                RunsCommand::Report { out, batch } => cli::runs::LatencyBatch::from_batch(batch)
+                    .and_then(|w| cli::runs::report(&registry, &out, w)),
+                RunsCommand::Regressions {
+                    batch,
+                    ratio,
+                    size_tolerance,
+                    min_delta_us,
                     attribute,
-                    json,
-                    rule: kiln::track::analysis::RegressionRule {
-                        ratio,
-                        size_tolerance,
-                        min_peers: 2,
-                        min_delta_us,
-                    },
                     out,
-                })
-            }),
+                    json,
+                } => cli::runs::LatencyBatch::from_batch(batch).and_then(|which| {
+                    cli::runs::regressions(&cli::runs::RegressionArgs {
+                        registry: &registry,
+                        which,
+                        attribute,
+                        json,
+                        rule: kiln::track::analysis::RegressionRule {
+                            ratio,
+                            size_tolerance,
+                            min_peers: 2,
+                            min_delta_us,
+                        },
+                        out,
+                    })
+                }),
+            },
         },
         Command::Sweep {
             command: Some(command),

@@ -79,32 +79,151 @@ fn short(v: Option<f64>, digits: usize) -> String {
         .unwrap_or_else(|| "—".into())
 }
 
-/// `kiln runs list`.
+/// The registry `kiln runs` reads: `--registry`, else the one `--config` names, else
+/// `checkpoints/runs.db` (the shipped configs' default).
+pub fn registry_of(registry: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, CliError> {
+    match (registry, config) {
+        (Some(r), _) => Ok(r),
+        (None, Some(c)) => {
+            let loaded = config::load(c).map_err(CliError::input)?;
+            Ok(loaded.config.registry_path())
+        }
+        (None, None) => Ok(PathBuf::from("checkpoints/runs.db")),
+    }
+}
+
+/// Mean test NLL of a run's final metrics (the test table's `nll_model` averaged over targets).
+fn test_nll(r: &RunRow) -> Option<f64> {
+    let targets = r.final_metrics.as_ref()?["test"]["targets"]
+        .as_array()?
+        .clone();
+    let v: Vec<f64> = targets
+        .iter()
+        .filter_map(|t| t["nll_model"].as_f64())
+        .collect();
+    (!v.is_empty() && v.len() == targets.len()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// For each run id, the `model vN` labels of the newest promoted version of each model (what a
+/// polling server serves) whose candidate came from that run.
+fn served_by_run(reg: &Registry) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut newest: std::collections::BTreeMap<(String, String), (i64, String)> =
+        Default::default();
+    for p in reg.promotions(None).unwrap_or_default() {
+        if let (Some(v), Some(run)) = (p.version, p.run_id.clone())
+            && p.decision == "promoted"
+        {
+            let key = (p.repository.clone(), p.model.clone());
+            if newest.get(&key).is_none_or(|(old, _)| v > *old) {
+                newest.insert(key, (v, run));
+            }
+        }
+    }
+    let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for ((_, model), (v, run)) in newest {
+        out.entry(run).or_default().push(format!("{model} v{v}"));
+    }
+    out
+}
+
+/// `kiln runs list` (with the test NLL and which model versions each run is serving).
 pub fn list(registry: &Path, json: bool) -> CliResult {
     let reg = open(registry)?;
     let rows = reg.list()?;
+    let served = served_by_run(&reg);
     if json {
         for r in &rows {
-            println!("{}", serde_json::to_string(&summary(r))?);
+            let mut v = summary(r);
+            v["test_nll"] = serde_json::json!(test_nll(r));
+            v["served"] = serde_json::json!(served.get(&r.id).cloned().unwrap_or_default());
+            println!("{}", serde_json::to_string(&v)?);
         }
         return Ok(());
     }
     println!(
-        "{:<40} {:<9} {:>7} {:>10} {:>9} {:>10} {:<20}",
-        "run", "status", "params", "val loss", "b1 µs", "b128 µs", "started"
+        "{:<40} {:<9} {:>7} {:>10} {:>9} {:>9} {:>10} {:<20} {}",
+        "run", "status", "params", "val loss", "test nll", "b1 µs", "b128 µs", "started", "served"
     );
     for r in &rows {
         println!(
-            "{:<40} {:<9} {:>7} {:>10} {:>9} {:>10} {:<20}",
+            "{:<40} {:<9} {:>7} {:>10} {:>9} {:>9} {:>10} {:<20} {}",
             r.id,
             r.status,
             r.param_count
                 .map(|p| p.to_string())
                 .unwrap_or_else(|| "—".into()),
             short(r.val_metric, 5),
+            short(test_nll(r), 4),
             short(r.latency_b1_p50_us, 2),
             short(r.latency_b128_p50_us, 1),
-            r.started_at
+            r.started_at,
+            served.get(&r.id).map(|v| v.join(", ")).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// `kiln runs promotions`: every decision of the gate, oldest first.
+pub fn promotions(registry: &Path, model: Option<&str>, json: bool) -> CliResult {
+    let reg = open(registry)?;
+    let rows = reg.promotions(model)?;
+    if json {
+        for p in &rows {
+            println!("{}", serde_json::to_string(p)?);
+        }
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no promotion decisions recorded in {}", registry.display());
+        return Ok(());
+    }
+    println!(
+        "{:>4} {:<20} {:<12} {:<13} {:<9} {:<40} checks",
+        "id", "at", "model", "decision", "version", "run"
+    );
+    for p in &rows {
+        let version = match (p.incumbent_version, p.version) {
+            (Some(a), Some(b)) => format!("{a}→{b}"),
+            (None, Some(b)) => format!("→{b}"),
+            (Some(a), None) => format!("{a}"),
+            (None, None) => "—".into(),
+        };
+        let checks: Vec<String> = p.details["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| {
+                c["passed"] == false
+                    || c["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("mse ") || n == "nll")
+            })
+            .map(|c| {
+                let (cand, inc) = (c["candidate"].as_f64(), c["incumbent"].as_f64());
+                let change = match (cand, inc) {
+                    (Some(a), Some(b)) if c["name"] == "nll" => format!("{:+.4}", a - b),
+                    (Some(a), Some(b)) if b != 0.0 => format!("{:+.1}%", (a / b - 1.0) * 100.0),
+                    _ => String::new(),
+                };
+                format!(
+                    "{}{} {}",
+                    if c["passed"] == false { "FAIL " } else { "" },
+                    c["name"].as_str().unwrap_or("?"),
+                    change
+                )
+                .trim_end()
+                .to_string()
+            })
+            .collect();
+        println!(
+            "{:>4} {:<20} {:<12} {:<13} {:<9} {:<40} {}",
+            p.id,
+            p.at,
+            p.model,
+            p.decision,
+            version,
+            p.run_id.clone().unwrap_or_else(|| "—".into()),
+            checks.join(" · ")
         );
     }
     Ok(())

@@ -197,3 +197,113 @@ fn seed_noise_alone_does_not_flip_the_gate() {
     assert!(worse <= 1, "{worse} of 19 seed-only candidates refused");
     assert!(better <= 1, "{better} seed-only checks called better");
 }
+
+/// `refit: train+validation` on the tiny config: a selection pass, then the exported model
+/// trained on train + validation for the selection pass's best epochs, its normalisation fit on
+/// those rows, the selection pass's test evaluation kept in the manifest; a run killed during
+/// the refit pass resumes to the same weights.
+#[test]
+fn refit_retrains_on_train_and_validation_with_the_chosen_epochs() {
+    use kiln::artifact::Checkpoint;
+    let run_once = |dir: &Path, fault: Option<&str>| -> PathBuf {
+        let cfg = crate::common::tiny_config(
+            dir,
+            &dir.join("out"),
+            &[("export:\n", "refit: train+validation\nexport:\n")],
+        );
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        cmd.args(["train", cfg.to_str().unwrap(), "-q"])
+            .current_dir(root())
+            .env_remove("MLFLOW_TRACKING_URI");
+        if let Some(f) = fault {
+            cmd.env("KILN_FAULT", f);
+        }
+        let o = cmd.output().unwrap();
+        let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("out/runs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(runs.len(), 1);
+        let run = runs[0].clone();
+        if fault.is_some() {
+            assert!(!o.status.success(), "killed");
+            let o = kiln_in(
+                &root(),
+                &[
+                    "train",
+                    cfg.to_str().unwrap(),
+                    "-q",
+                    "--resume",
+                    run.to_str().unwrap(),
+                ],
+            );
+            assert!(o.status.success(), "{}", text(&o));
+        } else {
+            assert!(o.status.success(), "{}", text(&o));
+        }
+        run
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = run_once(tmp.path(), None);
+    let sel = Checkpoint::load(&run.join("selection/export")).unwrap();
+    let refit = Checkpoint::load(&run.join("export")).unwrap();
+    let m = &refit.manifest.metrics["refit"];
+    assert_eq!(m["trained_on"], "train+validation");
+    let chosen: Vec<u64> = sel.manifest.metrics["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["best_epoch"].as_u64().unwrap())
+        .collect();
+    let epochs: Vec<u64> = m["epochs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_u64().unwrap())
+        .collect();
+    assert_eq!(epochs, chosen);
+    assert_eq!(m["selection_test"], sel.manifest.metrics["test"]);
+    // The refit pass ran exactly those epochs.
+    let lines = std::fs::read_to_string(run.join("epochs.jsonl")).unwrap();
+    assert_eq!(lines.lines().count() as u64, epochs.iter().sum::<u64>());
+    // Trained on train (≤ 2014) + validation (2015–2016): its feature normalisation is the
+    // mean over those rows, computed here from the CSV.
+    let csv = std::fs::read_to_string(root().join("datasets/baseball.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let (si, ai) = (
+        header.iter().position(|h| *h == "season").unwrap(),
+        header.iter().position(|h| *h == "age").unwrap(),
+    );
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    for line in csv.lines().skip(1) {
+        let c: Vec<&str> = line.split(',').collect();
+        let season: i64 = c[si].parse().unwrap();
+        if (2005..=2016).contains(&season) {
+            sum += c[ai].parse::<f64>().unwrap();
+            n += 1;
+        }
+    }
+    let age = refit
+        .manifest
+        .features
+        .iter()
+        .find(|f| f.name == "age")
+        .unwrap();
+    assert!(
+        (age.mean - sum / n as f64).abs() < 1e-9,
+        "{} vs {}",
+        age.mean,
+        sum / n as f64
+    );
+    assert_eq!(
+        refit.manifest.dataset.rows[0], n,
+        "train rows include validation"
+    );
+    assert_ne!(refit.manifest.weights.sha256, sel.manifest.weights.sha256);
+
+    // Killed in the refit pass (the selection pass logs 5 epochs first), then resumed.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let run2 = run_once(tmp2.path(), Some("kill@after-epoch-log:6"));
+    let again = Checkpoint::load(&run2.join("export")).unwrap();
+    assert_eq!(again.manifest.weights.sha256, refit.manifest.weights.sha256);
+}

@@ -650,7 +650,8 @@ impl Repository {
             tracing::info!(model = %slot.name, version, "loading {}", path.display());
             match self.load_version(&slot.name, version, path) {
                 Ok(loaded) => {
-                    let old = slot.swap(Some(Arc::new(loaded)));
+                    let loaded = Arc::new(loaded);
+                    let old = slot.swap(Some(loaded.clone()));
                     let m = &slot.metrics;
                     m.loaded_version.store(version as i64, Ordering::Relaxed);
                     m.ready.store(true, Ordering::Relaxed);
@@ -660,12 +661,16 @@ impl Repository {
                         st.failed.remove(&version);
                         st.last_error = None;
                     }
+                    // At the default log level (target `kiln::serve::live`): the one line
+                    // an operator needs when the nightly job's version goes live.
                     tracing::info!(
+                        target: "kiln::serve::live",
                         model = %slot.name,
                         version,
+                        run = %loaded.spec.run_id().unwrap_or("?"),
                         previous = %old.as_ref().map_or("none".into(), |o| o.version.to_string()),
-                        elapsed = ?t0.elapsed(),
-                        "version loaded, warmed and serving"
+                        load_and_warm_ms = t0.elapsed().as_millis() as u64,
+                        "version live"
                     );
                     report.loaded.push((slot.name.clone(), version));
                     // `old` drops here; requests still holding it finish on it.

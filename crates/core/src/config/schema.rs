@@ -47,6 +47,48 @@ pub struct ExperimentConfig {
     /// Distillation from a teacher (absent: ordinary training); see [`DistillConfig`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distill: Option<DistillConfig>,
+    /// Refit for production: `train+validation` retrains the exported model on the training
+    /// and validation rows with the epochs the validation split chose (see [`Refit`]).
+    #[serde(default, skip_serializing_if = "Refit::is_none")]
+    pub refit: Refit,
+    /// Set by the trainer on the refit pass's own copy of the config (never in YAML).
+    #[serde(skip)]
+    pub refit_pass: Option<RefitPass>,
+}
+
+/// Whether the exported model is refit on train + validation.
+///
+/// With `train+validation` a run trains twice: a *selection* pass (in `<run>/selection/`, an
+/// ordinary run: its best epoch per stage chosen on validation, restored, evaluated on test),
+/// then the *refit* pass in the run directory itself: a fresh model (same seed) trained on the
+/// training and validation rows, with the normalisation fit on them, for exactly the selection
+/// pass's best number of epochs per stage, keeping the last epoch. The test rows are held out
+/// of both, so the test evaluation of the exported (refit) model and the gate's comparisons
+/// remain on rows no model was trained on; the manifest's `metrics.refit` keeps the selection
+/// pass's test evaluation and the epochs it chose.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Refit {
+    /// Export the model trained on the training split (its best validation epoch).
+    #[default]
+    #[serde(rename = "none")]
+    None,
+    /// Refit on train + validation.
+    #[serde(rename = "train+validation")]
+    TrainValidation,
+}
+
+impl Refit {
+    /// No refit.
+    pub fn is_none(&self) -> bool {
+        *self == Refit::None
+    }
+}
+
+/// What the refit pass knows of its selection pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefitPass {
+    /// Recorded in the manifest's `metrics.refit`.
+    pub provenance: serde_json::Value,
 }
 
 fn default_name() -> String {

@@ -27,9 +27,13 @@ fn colour_allowed(plain: bool, no_color: bool, terminal: bool) -> bool {
     terminal && !plain && !no_color
 }
 
+/// The log filter without `KILN_LOG`: warnings and errors, plus the server's one line per
+/// version that goes live (target `kiln::serve::live`).
+pub const DEFAULT_LOG: &str = "warn,kiln::serve::live=info";
+
 /// Install the process-wide subscriber: log lines on stderr filtered by `KILN_LOG`
-/// (default `warn`), coloured only as [`log_colour`] allows, plus the profiler layer (inert
-/// until a recording is armed). Safe to call more than once (later calls do nothing).
+/// (default [`DEFAULT_LOG`]), coloured only as [`log_colour`] allows, plus the profiler layer
+/// (inert until a recording is armed). Safe to call more than once (later calls do nothing).
 pub fn install_subscriber() {
     install_subscriber_with(false);
 }
@@ -37,7 +41,7 @@ pub fn install_subscriber() {
 /// [`install_subscriber`], with `plain` forcing uncoloured log lines.
 pub fn install_subscriber_with(plain: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KILN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(log_colour(plain))

@@ -92,6 +92,9 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
                     "beats_all_baselines": report.beats_all(),
                     "bottleneck": verdict,
                 });
+                if let (Some(r), Some(obj)) = (&cfg.refit_pass, m.as_object_mut()) {
+                    obj.insert("refit".into(), r.provenance.clone());
+                }
                 // The registry row keeps the metrics: the teacher goes there too.
                 if let (Some(info), Some(obj)) = (&teacher_info, m.as_object_mut()) {
                     obj.insert("teacher".into(), info.clone());

@@ -21,7 +21,17 @@ pub struct Prepared {
 impl Prepared {
     /// Load the dataset and fit the normalisation on the training split.
     pub fn new(cfg: &ExperimentConfig) -> Result<Self, DataError> {
-        let data = Dataset::load(&cfg.data)?;
+        let mut data = Dataset::load(&cfg.data)?;
+        if cfg.refit_pass.is_some() {
+            // The refit pass trains on train + validation (validation stays as it is, for
+            // the per-epoch log only: it is no longer held out).
+            let v = &data.validation;
+            let t = &mut data.train;
+            t.x.extend_from_slice(&v.x);
+            t.y.extend_from_slice(&v.y);
+            t.season.extend_from_slice(&v.season);
+            t.source_rows.extend_from_slice(&v.source_rows);
+        }
         let x_stats = fit_stats(&data.features, &data.train.x);
         let y_stats = fit_stats(&data.targets, &data.train.y);
         let arch = RegressionNetConfig {

@@ -526,7 +526,11 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
     fn snapshot(&mut self, optim: &StageOptimizer<B>, stage_done: bool) -> Result<(), TrainError> {
         let snap_dir = self.job.run.state_dir();
         if stage_done {
-            if let Some(b) = self.best.take() {
+            // The refit pass keeps its last epoch: its validation rows are training rows.
+            let best = self.best.take();
+            if let Some(b) = best
+                && self.job.config.config.refit_pass.is_none()
+            {
                 self.model = b;
             }
             let p = &mut self.progress;

@@ -6,13 +6,25 @@ use burn::tensor::backend::AutodiffBackend;
 use super::job::{TrainError, TrainJob, TrainOutcome, Trained, io_err};
 use super::progress::ProgressMode;
 use super::session::{Session, StageEnd};
-use crate::config::LoadedConfig;
+use crate::config::{LoadedConfig, Refit, RefitPass};
 use crate::records::RunDir;
 
 /// Train according to `job` on backend `B`: open the session (data, model, resume), run each
 /// stage, then evaluate and export. The run directory's status and the observers of a whole
 /// run belong to [`crate::run::TrainingRun`], which calls this.
 pub fn train<B: AutodiffBackend>(
+    job: &TrainJob<'_>,
+    device: &B::Device,
+) -> Result<Trained<B>, TrainError> {
+    let cfg = &job.config.config;
+    if cfg.refit == Refit::TrainValidation && cfg.refit_pass.is_none() {
+        return train_with_refit::<B>(job, device);
+    }
+    train_pass::<B>(job, device)
+}
+
+/// One training pass (the whole run without refit; either pass of a refit run).
+fn train_pass<B: AutodiffBackend>(
     job: &TrainJob<'_>,
     device: &B::Device,
 ) -> Result<Trained<B>, TrainError> {
@@ -35,6 +47,120 @@ pub fn train<B: AutodiffBackend>(
         }
     }
     session.finish()
+}
+
+/// `refit: train+validation`: the selection pass in `<run>/selection/` (an ordinary run of
+/// the same config; resumed when the run is), then the refit pass in the run directory on
+/// train + validation for the selection pass's best epochs per stage (see
+/// [`crate::config::Refit`]).
+fn train_with_refit<B: AutodiffBackend>(
+    job: &TrainJob<'_>,
+    device: &B::Device,
+) -> Result<Trained<B>, TrainError> {
+    let sel_path = job.run.path.join("selection");
+    let mut sel_loaded = job.config.clone();
+    sel_loaded.config.refit = Refit::None;
+    let resume_sel = sel_path.join("config.yaml").is_file();
+    let sel_run = if resume_sel {
+        RunDir::open(&sel_path).map_err(io_err(&sel_path))?
+    } else {
+        std::fs::create_dir_all(&sel_path).map_err(io_err(&sel_path))?;
+        crate::util::write_atomic(&sel_path.join("config.yaml"), job.config.text.as_bytes())?;
+        RunDir {
+            id: format!("{}-selection", job.run.id),
+            path: sel_path.clone(),
+        }
+    };
+    let sel_export = sel_run.export_dir();
+    // A finished selection pass (its export is sealed) is not run again on resume.
+    let (stages, test) = match crate::artifact::Checkpoint::load(&sel_export) {
+        Ok(c) if resume_sel => (
+            serde_json::from_value::<Vec<super::job::StageSummary>>(
+                c.manifest.metrics["stages"].clone(),
+            )
+            .unwrap_or_default(),
+            c.manifest.metrics["test"].clone(),
+        ),
+        _ => {
+            let sel_job = TrainJob {
+                observer: None,
+                teacher: job.teacher,
+                config: &sel_loaded,
+                run: sel_run.clone(),
+                resume: resume_sel,
+                progress: job.progress,
+                stop_after_epochs: job.stop_after_epochs,
+            };
+            let sel = train_pass::<B>(&sel_job, device)?;
+            if sel.outcome.export_dir.is_none() {
+                // Interrupted (tests' stop_after_epochs): so is the run.
+                return Ok(sel);
+            }
+            let test = sel
+                .outcome
+                .manifest
+                .as_ref()
+                .map(|m| m.metrics["test"].clone())
+                .unwrap_or_default();
+            (sel.outcome.stages, test)
+        }
+    };
+    let epochs: Vec<usize> = job
+        .config
+        .config
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(i, st)| {
+            stages
+                .get(i)
+                .map(|s| {
+                    if s.best_epoch > 0 {
+                        s.best_epoch
+                    } else {
+                        s.epochs
+                    }
+                })
+                .unwrap_or(st.epochs)
+                .max(1)
+        })
+        .collect();
+    let mut refit_loaded = job.config.clone();
+    let c = &mut refit_loaded.config;
+    c.refit = Refit::None;
+    for (st, &e) in c.stages.iter_mut().zip(&epochs) {
+        st.epochs = e;
+        st.early_stopping = None;
+    }
+    c.refit_pass = Some(RefitPass {
+        provenance: serde_json::json!({
+            "trained_on": "train+validation",
+            "selection_run": sel_run.path.display().to_string(),
+            "epochs": epochs,
+            "selection_stages": stages,
+            "selection_test": test,
+        }),
+    });
+    let names: Vec<String> = c.stages.iter().map(|s| s.name.clone()).collect();
+    super::progress::Reporter::new(job.progress).line(&format!(
+        "refit on train + validation: {}",
+        names
+            .iter()
+            .zip(&epochs)
+            .map(|(n, e)| format!("{n} {e} epochs"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let refit_job = TrainJob {
+        observer: job.observer,
+        teacher: job.teacher,
+        config: &refit_loaded,
+        run: job.run.clone(),
+        resume: job.resume,
+        progress: job.progress,
+        stop_after_epochs: job.stop_after_epochs,
+    };
+    train_pass::<B>(&refit_job, device)
 }
 
 /// Train `loaded` on the default CPU backend (flex) in a fresh run directory under `root`,

@@ -183,6 +183,14 @@ pub fn load_spec(dir: &Path) -> Result<ModelSpec, LoadError> {
 }
 
 impl ModelSpec {
+    /// The training run the served weights came from (a pick model's network's run).
+    pub fn run_id(&self) -> Option<&str> {
+        match &self.kind {
+            ModelKind::Regression(c) => Some(c.manifest.run_id.as_str()),
+            ModelKind::Pick(p) => p.network.as_ref().map(|c| c.manifest.run_id.as_str()),
+        }
+    }
+
     /// The platform string in metadata.
     pub fn platform(&self) -> &'static str {
         match self.kind {
