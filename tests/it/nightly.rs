@@ -59,6 +59,8 @@ fn train(dir: &Path, data: &Path, test_to: i64, seed: u64, name: &str) -> PathBu
             &format!("data.split.test.to={test_to}"),
             "--set",
             &format!("export.dir={}", export.display()),
+            "--registry",
+            &dir.join("runs.db").display().to_string(),
         ],
     );
     assert!(o.status.success(), "{}", text(&o));
@@ -129,6 +131,40 @@ fn outcomes_are_distinct_and_the_gate_sees_the_runs_data() {
     let rows = reg.promotions(Some("baseball")).unwrap();
     let decisions: Vec<&str> = rows.iter().map(|r| r.decision.as_str()).collect();
     assert_eq!(decisions, ["promoted", "nothing_to_do"]);
+
+    // The record: `kiln runs promotions` lists both decisions; `runs list` says which run
+    // serves version 1; `--config` reads the registry that config names.
+    let db_s = db.display().to_string();
+    let o = kiln_in(&root(), &["runs", "--registry", &db_s, "promotions"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].contains("promoted") && lines[0].contains("→1"),
+        "{out}"
+    );
+    assert!(lines[1].contains("nothing_to_do"), "{out}");
+    let o = kiln_in(&root(), &["runs", "--registry", &db_s, "list", "--json"]);
+    let listed: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let id = run.file_name().unwrap().to_str().unwrap();
+    let me = listed
+        .iter()
+        .find(|r| r["id"] == id)
+        .expect("the run is listed");
+    assert_eq!(me["served"], serde_json::json!(["baseball v1"]));
+    assert!(me["test_nll"].as_f64().is_some_and(f64::is_finite));
+    let cfg = run.join("config.yaml").display().to_string();
+    let o = kiln_in(&root(), &["runs", "--config", &cfg, "list"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(&tmp.path().join("a/runs.db").display().to_string()),
+        "the config's registry (export.dir/runs.db): {}",
+        text(&o)
+    );
 }
 
 /// Twenty models that differ only by their seed, each compared with the first as if it were
