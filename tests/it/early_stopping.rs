@@ -72,7 +72,7 @@ fn a_stage_stops_after_patience_epochs_without_improvement_and_keeps_its_best() 
     // A min_delta no epoch can beat: epoch 1 sets the reference, epochs 2 and 3 bring no
     // improvement beyond it, so the stage ends after 3 of its 40 epochs.
     let cfg = config(tmp.path(), 40, 2, 1.0e3);
-    let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
+    let o = kiln(&["train", cfg.to_str().unwrap(), "--plain"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let run = only_run(&tmp.path().join("out"));
     let e = epochs(&run);

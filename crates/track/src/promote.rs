@@ -487,13 +487,15 @@ pub fn decide(gates: &Gates, candidate: &Measurement, incumbent: Option<&Measure
             (
                 v != crate::paired::Verdict::Worse,
                 format!(
-                    "test NLL {:.4} vs served {:.4}: {:+.4} [{:+.4}, {:+.4}] at {:.0} % — {} (refused when the lower bound exceeds {:+.4})",
+                    "test NLL {:.4} vs served {:.4}: {:+.4} [{:+.4}, {:+.4}] at {:.0} % over {} {} — {} (refused when the lower bound exceeds {:+.4})",
                     q.nll,
                     inc.quality.nll,
                     r.estimate,
                     r.lower,
                     r.upper,
                     conf * 100.0,
+                    r.units,
+                    if c.groups.is_some() { "groups" } else { "rows" },
                     v.word(),
                     tol
                 ),
