@@ -17,7 +17,7 @@
 //! — is one command:
 //!
 //! ```text
-//! KILN_FAULTS_FULL=1 cargo test --release --test faults_train -- --nocapture
+//! KILN_FAULTS_FULL=1 cargo test --release --test it faults_train:: -- --nocapture
 //! ```
 //!
 //! It prints `faults_train: N cases tried, F failures` per part.
