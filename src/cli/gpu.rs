@@ -241,16 +241,14 @@ fn agreement() -> Result<(Value, bool), String> {
 /// A short bf16 training run of `config` on the GPU; its epochs' throughput.
 #[cfg(feature = "cuda")]
 fn train_bf16(config: &Path) -> Result<Value, String> {
-    use kiln::config::{DeviceKind, Precision};
     use kiln::run::{RunOptions, TrainingRun};
-    let mut loaded = kiln::config::load(config).map_err(|e| e.to_string())?;
     let tmp = std::env::temp_dir().join(format!("kiln-gpu-check-{}", std::process::id()));
-    loaded.config.device = DeviceKind::Cuda;
-    loaded.config.precision = Precision::Bf16;
-    loaded.config.export.dir = tmp.join("out");
-    loaded
-        .text
-        .push_str("\n# kiln doctor --gpu\ndevice: cuda\nprecision: bf16\n");
+    let set = [
+        "device=cuda".to_string(),
+        "precision=bf16".to_string(),
+        format!("export.dir={}", tmp.join("out").display()),
+    ];
+    let loaded = kiln::config::load_with_overrides(config, &set).map_err(|e| e.to_string())?;
     let batch = loaded.config.loader.batch_size;
     let options = RunOptions {
         measure: false,

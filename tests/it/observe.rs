@@ -406,7 +406,7 @@ fn cuda_libraries_are_looked_for_in_the_named_places() {
         "{shown:?}"
     );
     assert!(shown.contains(&site.display().to_string()), "{shown:?}");
-    let found = kiln::doctor::find_cuda_libraries(&[site.clone()]);
+    let found = kiln::doctor::find_cuda_libraries(std::slice::from_ref(&site));
     assert_eq!(found.len(), 2);
     assert_eq!(found[0].library, "libcuda");
     assert_eq!(found[0].names, ["libcuda.so.1", "libcuda.so"]);

@@ -425,7 +425,12 @@ impl Worker {
                 r.artifacts_unsent + r.artifacts_sent,
                 r.first_error.as_deref().unwrap_or("none")
             );
-            let body = json!({"run_id": self.run_id, "tags": [tag(INCOMPLETE_TAG, &what)]});
+            let body = json!({
+                "run_id": self.run_id,
+                "params": [],
+                "metrics": [],
+                "tags": [tag(INCOMPLETE_TAG, &what)],
+            });
             if let Err(e) = self.client.post("/api/2.0/mlflow/runs/log-batch", &body) {
                 tracing::debug!("MLflow: tagging the run incomplete: {e}");
             }
