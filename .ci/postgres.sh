@@ -8,17 +8,12 @@
 # `nobody`), starts it on a free loopback port with its socket in that directory and `trust`
 # authentication for the `kiln` superuser, exports KILN_TEST_POSTGRES_URL, and stops the
 # server and removes its files when the sourcing shell exits (chained before any EXIT trap
-# already set, e.g. .ci/mlflow.sh's). KILN_CI_POSTGRES=skip skips all of it, loudly (the tests
-# then print their own SKIPPED line).
+# already set, e.g. .ci/mlflow.sh's). There is no skip: a failed install or start fails the
+# sourcing shell (and CI).
 #
 # Measured on the 2-core build machine (2026-12, PostgreSQL 15 already installed, 8 compilers
 # running): initdb + start to accepting connections took 4-6 s. A fresh `apt-get install
 # postgresql` on a clean Debian image is ~40 MB of packages (typically 30-60 s).
-
-if [ "${KILN_CI_POSTGRES:-}" = "skip" ]; then
-  echo "== PostgreSQL: SKIPPED (KILN_CI_POSTGRES=skip); the PostgreSQL registry tests will skip too" >&2
-  return 0 2>/dev/null || exit 0
-fi
 
 echo "== PostgreSQL (throwaway cluster) for the registry conformance suite"
 kiln_pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"

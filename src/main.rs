@@ -95,6 +95,17 @@ enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// The GPU readiness check: find libcuda/libnvrtc, create the device, check bf16/f32
+        /// agreement, bench the CUDA engines, train briefly in bf16; JSON on stdout, exit 1
+        /// (one line on stderr) when a step cannot run or fails.
+        #[arg(long)]
+        gpu: bool,
+        /// With --gpu: the config of the bf16 training run.
+        #[arg(long, default_value = "configs/tiny.yaml", requires = "gpu")]
+        gpu_config: std::path::PathBuf,
+        /// With --gpu: seconds measured per `bench infer` setting.
+        #[arg(long, default_value_t = 2.0, requires = "gpu")]
+        gpu_bench_seconds: f64,
     },
     /// Maintain exported checkpoints.
     Checkpoint {
@@ -386,7 +397,16 @@ fn run(cli: Cli) -> CliResult {
             ProfileCommand::Infer(a) => cli::observe::profile_infer(&a),
             ProfileCommand::Diff { a, b, json } => cli::observe::profile_diff(&a, &b, json),
         },
-        Command::Doctor { json } => cli::observe::doctor(json),
+        Command::Doctor {
+            gpu: true,
+            gpu_config,
+            gpu_bench_seconds,
+            ..
+        } => cli::gpu::run(&cli::gpu::GpuCheckArgs {
+            config: gpu_config,
+            bench_seconds: gpu_bench_seconds,
+        }),
+        Command::Doctor { json, .. } => cli::observe::doctor(json),
         Command::Runs {
             registry,
             config,

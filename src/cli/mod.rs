@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod dataset;
 pub mod export;
+pub mod gpu;
 pub mod import;
 pub mod loadtest;
 pub mod mvn;

@@ -351,6 +351,43 @@ fn auto_answers_every_batch_size_exactly_as_the_engine_it_chose_for_its_bucket()
     );
 }
 
+/// Both builds, any machine: without a usable GPU (or without the `cuda` feature) building a
+/// CUDA engine is an `Unavailable` error naming the engine and what is missing — never a
+/// panic; with a GPU it builds and answers a batch of the right shape.
+#[test]
+fn the_cuda_engines_are_a_clear_error_without_a_usable_gpu() {
+    let w = reference_weights(3);
+    let probe = kiln::backend::cuda_probe().map(|_| ());
+    for name in ["cuda-bf16", "cuda-f32"] {
+        let built =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build_engine(name, &w, 1)))
+                .unwrap_or_else(|_| panic!("building {name} panicked"));
+        match (&probe, built) {
+            (Err(why), Err(e)) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.starts_with(&format!("engine {name} is unavailable: ")),
+                    "{msg}"
+                );
+                assert!(msg.ends_with(&why.to_string()), "{msg} vs {why}");
+                let expected = if cfg!(feature = "cuda") {
+                    "no usable CUDA device"
+                } else {
+                    "built without the `cuda` feature"
+                };
+                assert!(msg.contains(expected), "{msg}");
+            }
+            (Ok(()), Ok(mut e)) => {
+                let x = inputs(3, w.arch.n_features, 1);
+                let o = run(e.as_mut(), &x, 3);
+                assert!(o.mean.iter().chain(&o.log_var).all(|v| v.is_finite()));
+            }
+            (Err(why), Ok(_)) => panic!("{name} built although the probe failed: {why}"),
+            (Ok(()), Err(e)) => panic!("{name} failed on a usable GPU: {e}"),
+        }
+    }
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: cargo test --release --features cuda -- --ignored cuda"]

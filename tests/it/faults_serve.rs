@@ -5,7 +5,7 @@
 //! The default run is the reduced form CI runs (well under a minute). The full campaign is
 //!
 //! ```text
-//! KILN_FAULTS_FULL=1 cargo test --release --test faults_serve -- --nocapture
+//! KILN_FAULTS_FULL=1 cargo test --release --test it faults_serve:: -- --nocapture
 //! ```
 //!
 //! (`KILN_FAULTS_SEED=N` changes the generator's seed.) Each test prints one

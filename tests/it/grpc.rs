@@ -583,7 +583,10 @@ async fn errors_map_to_grpc_status_codes() {
         .load(std::sync::atomic::Ordering::Relaxed)
         != 2
     {
-        assert!(t0.elapsed() < delay / 2, "two requests queued in time");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "two requests were not queued"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let mut g = g0.clone();

@@ -666,6 +666,67 @@ fn a_server_that_is_down_costs_one_warning_not_the_run() {
     assert!(!run_dir_of(&out).join("mlflow.json").exists());
 }
 
+/// A tracking URI whose listener accepts every connection and never reads or answers; the
+/// number of connections accepted so far.
+fn silent_uri() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let uri = format!("http://{}", l.local_addr().unwrap());
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let a2 = std::sync::Arc::clone(&accepted);
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            held.push(s);
+            a2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (uri, accepted)
+}
+
+#[test]
+fn a_server_that_accepts_and_never_answers_does_not_hold_up_training() {
+    // The read timeout (10 minutes, 3 tries) is far longer than this run: `kiln train` can
+    // only finish first because the mirror creates its run off the training thread and gives
+    // up at the flush timeout (1 s here) at the end.
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny(
+        tmp.path(),
+        &[("epochs: 3", "epochs: 1"), ("epochs: 2", "epochs: 1")],
+    );
+    let (uri, accepted) = silent_uri();
+    let out = kiln(
+        &["train", cfg.to_str().unwrap(), "-q", "--plain"],
+        &[
+            ("MLFLOW_TRACKING_URI", &uri),
+            ("MLFLOW_HTTP_REQUEST_TIMEOUT", "600"),
+            ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"),
+            ("KILN_MLFLOW_FLUSH_TIMEOUT", "1"),
+        ],
+    );
+    let stderr = ok(&out);
+    assert!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "kiln never connected: {stderr}"
+    );
+    let run = run_dir_of(&out);
+    assert!(run.join("export/manifest.json").is_file());
+    let status: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    assert_eq!(status["status"], "finished");
+    // One warning, naming what was not uploaded and why.
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("MLflow")).collect();
+    assert_eq!(lines.len(), 1, "one warning: {stderr}");
+    for part in [
+        "metric values",
+        "artifact files were not uploaded",
+        "gave up waiting for the server after 1s (KILN_MLFLOW_FLUSH_TIMEOUT)",
+        "the final status FINISHED was not set",
+    ] {
+        assert!(lines[0].contains(part), "{part:?} not in {stderr}");
+    }
+    assert!(!run.join("mlflow.json").exists());
+}
+
 #[test]
 fn a_sweep_shows_each_members_mlflow_warning() {
     let tmp = tempfile::tempdir().unwrap();

@@ -144,6 +144,7 @@ fn a_full_run_through_the_library_with_registry_and_mlflow_observers() {
         experiment: "kiln-tiny".into(),
         parent_run_id: None,
         queue_capacity: 256,
+        flush_timeout: std::time::Duration::from_secs(120),
     };
     let mirror = MlflowObserver::new(Client::new(&uri).unwrap(), options, run.config());
     run.observe(Box::new(mirror));

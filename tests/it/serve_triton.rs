@@ -1,7 +1,7 @@
 //! Triton's extensions of the serving tier, end to end over HTTP against an in-process
 //! server: the statistics extension (agreeing exactly with `/metrics` and with the requests
-//! sent), the `nv_inference_*` counters (checked by a real `promtool check metrics` when
-//! one is installed), the model repository API under `--model-control-mode explicit` (load
+//! sent), the `nv_inference_*` counters (checked by a real `promtool check metrics` in an
+//! ignored test that `.ci/run` runs), the model repository API under `--model-control-mode explicit` (load
 //! and unload under load with no failed request on the other model; a failed load leaves the
 //! previous version serving; the control endpoints' token), and on-demand profiling of a
 //! loaded server.
@@ -235,49 +235,66 @@ async fn statistics_agree_with_metrics_and_with_the_requests_sent() {
     let r = c.get("/v2/models/tiny/versions/x/stats").await.unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
 
-    // The exposition passes Prometheus' own checker: the promtool that KILN_TEST_PROMTOOL
-    // names (.ci/promtool.sh installs Debian's and sets it).
-    match std::env::var_os("KILN_TEST_PROMTOOL").map(|p| {
-        std::process::Command::new(p)
-            .args(["check", "metrics"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("KILN_TEST_PROMTOOL names a promtool that runs")
-    }) {
-        None => eprintln!(
-            "SKIPPED: KILN_TEST_PROMTOOL is not set (source .ci/promtool.sh); `promtool check metrics` not run"
-        ),
-        Some(mut child) => {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
-            let said = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            // Exit 1 is a parse error. Lint findings (exit 3) are allowed only on Triton's
-            // names, which break Prometheus' naming advice (`_total`, `_us`, `_count`)
-            // exactly as Triton's own exposition does; on kiln's series they fail.
-            let problems: Vec<&str> = said
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .filter(|l| !(l.starts_with("nv_inference_") && l.contains(" should ")))
-                .collect();
-            assert!(
-                out.status.success() || (out.status.code() == Some(3) && problems.is_empty()),
-                "promtool check metrics: {:?}\n{said}",
-                out.status
-            );
-        }
+    h.shutdown().await.unwrap();
+}
+
+/// The exposition of a server that answered requests passes Prometheus' own checker: the
+/// `promtool` that `KILN_TEST_PROMTOOL` names (`.ci/promtool.sh` installs Debian's and sets
+/// it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs promtool (source .ci/promtool.sh)"]
+async fn the_metrics_exposition_passes_promtool() {
+    let promtool = crate::common::required_env(
+        "KILN_TEST_PROMTOOL",
+        "Prometheus' promtool (source .ci/promtool.sh)",
+    );
+    let repo = crate::common::repository_of(trained());
+    let h = serve(config(repo.path())).await;
+    let mut c = client(&h);
+    for seed in 0..5 {
+        let r = c
+            .post_json("/v2/models/tiny/infer", &request(1 + seed, seed))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
     }
+    let text = c.get("/metrics").await.unwrap().text();
+    assert!(text.contains("nv_inference_request_success"), "{text}");
+    let mut child = std::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("KILN_TEST_PROMTOOL names a promtool that runs");
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Exit 1 is a parse error. Lint findings (exit 3) are allowed only on Triton's names,
+    // which break Prometheus' naming advice (`_total`, `_us`, `_count`) exactly as Triton's
+    // own exposition does; on kiln's series they fail.
+    let problems: Vec<&str> = said
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| !(l.starts_with("nv_inference_") && l.contains(" should ")))
+        .collect();
+    assert!(
+        out.status.success() || (out.status.code() == Some(3) && problems.is_empty()),
+        "promtool check metrics: {:?}\n{said}",
+        out.status
+    );
     h.shutdown().await.unwrap();
 }
 
@@ -587,14 +604,12 @@ async fn an_on_demand_profile_of_a_loaded_server_has_the_serving_spans() {
 /// poll mode and in explicit mode (load, infer, unload), when `KILN_TEST_TRITON_PYTHON`
 /// names a Python with `tritonclient[http]` (`.ci/triton.sh`).
 #[test]
+#[ignore = "needs tritonclient[http] (source .ci/triton.sh)"]
 fn tritonclient_http_reads_statistics_and_controls_the_repository() {
-    let Ok(python) = std::env::var("KILN_TEST_TRITON_PYTHON") else {
-        eprintln!(
-            "SKIPPED: tritonclient_http_reads_statistics_and_controls_the_repository: \
-             KILN_TEST_TRITON_PYTHON is not set (source .ci/triton.sh)"
-        );
-        return;
-    };
+    let python = crate::common::required_env(
+        "KILN_TEST_TRITON_PYTHON",
+        "a Python with tritonclient[http] (source .ci/triton.sh)",
+    );
     let script = crate::common::root().join("tests/triton/http_extensions.py");
     let rt = tokio::runtime::Runtime::new().unwrap();
     for mode in [ModelControlMode::Poll, ModelControlMode::Explicit] {

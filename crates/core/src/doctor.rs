@@ -127,6 +127,187 @@ fn cuda_report() -> Option<CudaReport> {
     None
 }
 
+/// Where one CUDA library was looked for and what was found (`kiln doctor --gpu`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LibrarySearch {
+    /// The library, e.g. `libnvrtc`.
+    pub library: String,
+    /// The file names looked for, in order of preference.
+    pub names: Vec<String>,
+    /// The directories looked in, in order.
+    pub dirs: Vec<String>,
+    /// The first file found (a name of `names` in one of `dirs`).
+    pub found: Option<String>,
+    /// Whether the dynamic loader opened the found file (`dlopen` by its path), or why not.
+    pub loadable: Option<Result<(), String>>,
+}
+
+/// The CUDA driver library and NVRTC (what Burn's CUDA backend loads at run time).
+pub const CUDA_LIBRARIES: [(&str, &[&str]); 2] = [
+    ("libcuda", &["libcuda.so.1", "libcuda.so"]),
+    (
+        "libnvrtc",
+        &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"],
+    ),
+];
+
+/// The directories searched for CUDA libraries, in order: `LD_LIBRARY_PATH`, `CUDA_HOME` /
+/// `CUDA_PATH` (`lib64`, `lib`), the CUDA toolkit's usual places (`/usr/local/cuda*/lib64`,
+/// `targets/x86_64-linux/lib`), the NVIDIA container runtime's (`/usr/local/nvidia/lib64`),
+/// the system library directories, the directories `ldconfig -p` names for the libraries,
+/// and the `nvidia/*/lib` directories of Python site-packages (PyTorch's pip wheels ship
+/// `nvidia-cuda-nvrtc` there). `var` reads the environment.
+pub fn cuda_search_dirs(var: &dyn Fn(&str) -> Option<String>) -> Vec<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let mut push = |d: PathBuf| {
+        if !d.as_os_str().is_empty() && !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    };
+    for d in var("LD_LIBRARY_PATH").unwrap_or_default().split(':') {
+        push(PathBuf::from(d));
+    }
+    for v in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(root) = var(v).filter(|r| !r.is_empty()) {
+            push(PathBuf::from(&root).join("lib64"));
+            push(PathBuf::from(&root).join("lib"));
+        }
+    }
+    let mut toolkits = vec![PathBuf::from("/usr/local/cuda")];
+    toolkits.extend(sorted_children(std::path::Path::new("/usr/local"), |n| {
+        n.starts_with("cuda-")
+    }));
+    for t in toolkits {
+        push(t.join("lib64"));
+        push(t.join("targets/x86_64-linux/lib"));
+    }
+    for d in [
+        "/usr/local/nvidia/lib64",
+        "/usr/local/nvidia/lib",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/lib/wsl/lib",
+    ] {
+        push(PathBuf::from(d));
+    }
+    for d in ldconfig_dirs() {
+        push(d);
+    }
+    for site in site_packages(var) {
+        for pkg in sorted_children(&site.join("nvidia"), |_| true) {
+            push(pkg.join("lib"));
+        }
+    }
+    dirs
+}
+
+/// The children of `dir` whose names pass `keep`, sorted.
+fn sorted_children(dir: &std::path::Path, keep: impl Fn(&str) -> bool) -> Vec<std::path::PathBuf> {
+    let mut out: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| keep(&e.file_name().to_string_lossy()))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Directories of the CUDA libraries in the loader's cache (`ldconfig -p`), if it runs.
+fn ldconfig_dirs() -> Vec<std::path::PathBuf> {
+    let Ok(out) = std::process::Command::new("ldconfig").arg("-p").output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("libcuda.so") || l.contains("libnvrtc.so"))
+        .filter_map(|l| l.rsplit_once("=> "))
+        .filter_map(|(_, p)| {
+            std::path::Path::new(p.trim())
+                .parent()
+                .map(|d| d.to_path_buf())
+        })
+        .collect()
+}
+
+/// Python site-packages directories: the system's and `/usr/local`'s, conda's, the active
+/// virtualenv's and the user's.
+fn site_packages(var: &dyn Fn(&str) -> Option<String>) -> Vec<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let mut roots = vec![
+        PathBuf::from("/usr/lib"),
+        PathBuf::from("/usr/local/lib"),
+        PathBuf::from("/opt/conda/lib"),
+    ];
+    for v in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(r) = var(v).filter(|r| !r.is_empty()) {
+            roots.push(PathBuf::from(r).join("lib"));
+        }
+    }
+    if let Some(home) = var("HOME").filter(|h| !h.is_empty()) {
+        roots.push(PathBuf::from(home).join(".local/lib"));
+    }
+    let mut out = Vec::new();
+    for root in roots {
+        for py in sorted_children(&root, |n| n.starts_with("python3")) {
+            for sub in ["site-packages", "dist-packages"] {
+                let d = py.join(sub);
+                if d.is_dir() {
+                    out.push(d);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Look for each of [`CUDA_LIBRARIES`] in `dirs` and try to load what is found.
+pub fn find_cuda_libraries(dirs: &[std::path::PathBuf]) -> Vec<LibrarySearch> {
+    CUDA_LIBRARIES
+        .iter()
+        .map(|(library, names)| {
+            let found = names
+                .iter()
+                .find_map(|n| dirs.iter().map(|d| d.join(n)).find(|p| p.is_file()));
+            LibrarySearch {
+                library: library.to_string(),
+                names: names.iter().map(|n| n.to_string()).collect(),
+                dirs: dirs.iter().map(|d| d.display().to_string()).collect(),
+                loadable: found.as_deref().map(dlopen),
+                found: found.map(|p| p.display().to_string()),
+            }
+        })
+        .collect()
+}
+
+/// Open `path` with the dynamic loader (and keep it open: a later load by its soname finds
+/// it); the loader's message when it cannot.
+fn dlopen(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: `c` is a valid NUL-terminated path; dlopen and dlerror have no other
+    // preconditions, and the handle is deliberately never closed.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns a NUL-terminated message or null.
+        let msg = unsafe { libc::dlerror() };
+        let msg = if msg.is_null() {
+            "dlopen failed".to_string()
+        } else {
+            // SAFETY: non-null, NUL-terminated, valid until the next dl* call.
+            unsafe { std::ffi::CStr::from_ptr(msg) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        return Err(msg);
+    }
+    Ok(())
+}
+
 /// Gather the report.
 pub fn report() -> DoctorReport {
     let (cpu_model, physical_cores) = cpuinfo();

@@ -60,7 +60,8 @@ impl RunObserver for RegistryObserver {
 /// Mirrors the run to an MLflow tracking server (see [`crate::mlflow::Mirror`]): the
 /// MLflow run is created (or, on `--resume`, continued) at the start, each epoch's metrics
 /// are queued to a background sender as the epoch ends, and the end sends the summary,
-/// dataset input, artifacts and final status. A failing server never stops or slows the run.
+/// dataset input, artifacts and final status, within [`crate::mlflow::MirrorOptions::flush_timeout`].
+/// A failing or hung server never stops the run, and costs it at most that timeout at the end.
 pub struct MlflowObserver {
     client: crate::mlflow::Client,
     options: crate::mlflow::MirrorOptions,
@@ -102,12 +103,12 @@ impl MlflowObserver {
         }
     }
 
-    /// The MLflow run id, once the run started.
+    /// The MLflow run id, once the sender created the run (never waits for it).
     pub fn run_id(&self) -> Option<String> {
         self.mirror
             .lock()
             .ok()
-            .and_then(|m| m.as_ref().map(|m| m.run_id().to_string()))
+            .and_then(|m| m.as_ref().and_then(|m| m.state_now()).map(|s| s.run_id))
     }
 
     /// What was sent and what could not be, once the run ended.
@@ -118,15 +119,10 @@ impl MlflowObserver {
 
 impl RunObserver for MlflowObserver {
     fn on_start(&self, run: &RunDir, _start: &NewRun<'_>) -> Result<(), ObserverError> {
-        let started =
-            crate::mlflow::Mirror::start(self.client.clone(), &self.options, run, &self.loaded);
-        match started {
-            Ok(m) => {
-                if let Ok(mut slot) = self.mirror.lock() {
-                    *slot = Some(m);
-                }
-            }
-            Err(e) => tracing::warn!("MLflow mirror disabled: {e}"),
+        // Never waits for the server: the sender thread creates the MLflow run.
+        let m = crate::mlflow::Mirror::begin(self.client.clone(), &self.options, run, &self.loaded);
+        if let Ok(mut slot) = self.mirror.lock() {
+            *slot = Some(m);
         }
         Ok(())
     }

@@ -143,4 +143,35 @@ mod tests {
         assert_eq!(bucket_for(65536), 65536);
         assert_eq!(bucket_for(70000), 65536);
     }
+
+    /// Without a usable GPU the engine is an `Unavailable` error naming it, not a panic;
+    /// with one, a request of any size comes back with one row per input row.
+    #[test]
+    fn the_engine_is_an_error_without_a_gpu_and_pads_to_buckets_with_one() {
+        let w = crate::infer::reference_weights(4);
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            CudaEngine::<crate::backend::CudaF32>::new(&w, "cuda-f32")
+        }))
+        .expect("building the CUDA engine does not panic");
+        match (crate::backend::cuda_probe(), built) {
+            (Err(why), Err(InferError::Unavailable { engine, reason })) => {
+                assert_eq!(engine, "cuda-f32");
+                assert_eq!(reason, why.to_string());
+            }
+            (Ok(_), Ok(mut e)) => {
+                for rows in [1, 2, 9, 1025] {
+                    let x = vec![0.5f32; rows * w.arch.n_features];
+                    let mut out = HeadOutput::default();
+                    e.forward(&x, rows, &mut out).unwrap();
+                    assert_eq!(out.mean.len(), rows * w.arch.n_targets);
+                    assert_eq!(out.log_var.len(), rows * w.arch.n_targets);
+                }
+            }
+            (probe, built) => panic!(
+                "the probe ({:?}) and the engine ({:?}) disagree",
+                probe.err(),
+                built.err()
+            ),
+        }
+    }
 }

@@ -2,22 +2,32 @@
 //!
 //! # Lifecycle
 //!
-//! - **Start** ([`Mirror::start`], synchronous, before the first epoch): reap this host's
-//!   stale runs ([`mark_stale_runs_killed`]), then create the MLflow run with its tags — or,
-//!   when the run directory already holds `mlflow.json` for the same tracking server (a
-//!   `--resume`), set that run back to `RUNNING` and continue it. The run's ids are written
-//!   to `<run dir>/mlflow.json` ([`MirrorState`]). The config goes out as params.
+//! - **Start** ([`Mirror::begin`], returns at once): a background sender thread reaps this
+//!   host's stale runs ([`mark_stale_runs_killed`]), then creates the MLflow run with its
+//!   tags — or, when the run directory already holds `mlflow.json` for the same tracking
+//!   server (a `--resume`), sets that run back to `RUNNING` and continues it — writes the
+//!   run's ids to `<run dir>/mlflow.json` ([`MirrorState`]) and sends the config as params.
+//!   Training never waits for any of it: a server that accepts connections and never answers
+//!   holds up the sender, not the run. ([`Mirror::start`] waits for the run to exist, for
+//!   callers that want the error.) When the run cannot be created, one warning says why and
+//!   nothing else is sent.
 //! - **Each epoch** ([`Mirror::log_epoch`]): the epoch's metrics, with the wall-clock time the
-//!   epoch ended, go into a bounded queue ([`MirrorOptions::queue_capacity`] requests) that a
-//!   background sender thread empties. Training never waits: when the queue is full the
-//!   values are counted as not sent. A request that fails on the transport (connection
-//!   refused, timeout) after its retries pauses the sender for 10 s: what arrives meanwhile
-//!   is counted as not sent without being tried, so a dead server costs one timeout, not one
-//!   per epoch.
+//!   epoch ended, go into a bounded queue ([`MirrorOptions::queue_capacity`] requests) that
+//!   the sender empties. Training never waits: when the queue is full the values are counted
+//!   as not sent. A request that fails on the transport (connection refused, timeout) after
+//!   its retries pauses the sender for 10 s: what arrives meanwhile is counted as not sent
+//!   without being tried, so a dead server costs one timeout, not one per epoch. Every
+//!   request has the client's connect and read timeouts ([`super::ClientOptions`]).
 //! - **End** ([`Mirror::finish`]): the summary metrics, the dataset input, the artifacts
-//!   (through the proxied artifact store), then — after the sender has drained — the final
-//!   status `FINISHED`, `FAILED` or `KILLED`. What could not be sent is reported once, in one
-//!   warning, and returned as a [`MirrorReport`].
+//!   (through the proxied artifact store), then — after everything before was tried — the
+//!   final status, all within [`MirrorOptions::flush_timeout`] (default
+//!   [`DEFAULT_FLUSH_TIMEOUT`], `KILN_MLFLOW_FLUSH_TIMEOUT` in seconds): then the sender is
+//!   abandoned and what it had not sent is counted as not sent. The final status is kiln's
+//!   (`FINISHED`, `FAILED`, `KILLED`), except that a run missing any metric value ends
+//!   `FAILED`, so an MLflow run is never marked as if metrics arrived that did not; whenever
+//!   anything is missing the run also gets the tag [`INCOMPLETE_TAG`] saying what (both on a
+//!   best-effort basis: the server may refuse them too). What could not be sent is reported
+//!   once, in one warning, and returned as a [`MirrorReport`].
 //!
 //! # What is logged
 //!
@@ -29,6 +39,7 @@
 //! | metric `test/<target>/<field>` (`mse_model`, `nll_model`, baselines) | the test-split table, per target |
 //! | tags `mlflow.runName` (kiln run id), `mlflow.source.type` (`LOCAL`), `mlflow.source.name` (`kiln train <config>`), `mlflow.source.git.commit`, `mlflow.user`, `mlflow.parentRunId` (sweep members) | at creation |
 //! | tags `kiln.run_id`, `kiln.run_dir`, `kiln.config_sha256`, `kiln.host`, `kiln.pid`, `kiln.pid_start`, `kiln.git_dirty`, `kiln.failure_reason` | |
+//! | tag `kiln.mirror_incomplete` | at the end, when anything did not reach the server: how many metric values, params/tags/inputs and artifact files, and the first error |
 //! | dataset input | the data file: name, digest = first 32 hex digits of its SHA-256 (MLflow allows 36 characters; the full hash is in the profile), context `train` |
 //! | artifacts | `config.yaml`, `epochs.jsonl`, `resources.{png,svg,csv}`, `export/…` (weights and manifest), `profile/…` (trace and key averages, when the profiler ran) |
 //!
@@ -38,10 +49,9 @@
 //! With any other artifact store, artifacts are skipped with the end-of-run warning.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use percent_encoding::utf8_percent_encode;
@@ -64,6 +74,13 @@ pub const ENV_PARENT_RUN_ID: &str = "KILN_MLFLOW_PARENT_RUN_ID";
 pub const DEFAULT_QUEUE_CAPACITY: usize = 256;
 /// How long the sender stops trying after a transport failure.
 const PAUSE_AFTER_TRANSPORT_FAILURE: Duration = Duration::from_secs(10);
+/// Default bound on the end-of-run flush ([`MirrorOptions::flush_timeout`]).
+pub const DEFAULT_FLUSH_TIMEOUT: Duration = Duration::from_secs(20);
+/// The environment variable that sets [`MirrorOptions::flush_timeout`], in seconds.
+pub const FLUSH_TIMEOUT_ENV: &str = "KILN_MLFLOW_FLUSH_TIMEOUT";
+/// The tag set on an MLflow run when something did not reach the server; its value says
+/// what.
+pub const INCOMPLETE_TAG: &str = "kiln.mirror_incomplete";
 
 /// The MLflow run a kiln run is mirrored to, as stored in `<run dir>/mlflow.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,6 +117,9 @@ pub struct MirrorOptions {
     pub parent_run_id: Option<String>,
     /// Requests the sender's queue holds; further epochs' metrics are counted as not sent.
     pub queue_capacity: usize,
+    /// The most the end of the run waits for the server (summary metrics, artifacts, final
+    /// status); what is not sent by then is abandoned and reported.
+    pub flush_timeout: Duration,
 }
 
 impl MirrorOptions {
@@ -111,7 +131,23 @@ impl MirrorOptions {
                 .unwrap_or_else(|| format!("kiln-{}", loaded.config.name)),
             parent_run_id: var(ENV_PARENT_RUN_ID),
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            flush_timeout: var(FLUSH_TIMEOUT_ENV).map_or(DEFAULT_FLUSH_TIMEOUT, |v| {
+                flush_timeout(&v).unwrap_or_else(|e| {
+                    tracing::warn!("{FLUSH_TIMEOUT_ENV}: {e}; using {DEFAULT_FLUSH_TIMEOUT:?}");
+                    DEFAULT_FLUSH_TIMEOUT
+                })
+            }),
         }
+    }
+}
+
+/// A flush timeout in seconds (a finite number, 0 to one hour).
+pub(super) fn flush_timeout(v: &str) -> Result<Duration, String> {
+    match v.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.0..=3600.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!(
+            "{v:?} is not a number of seconds between 0 and 3600"
+        )),
     }
 }
 
@@ -132,21 +168,26 @@ pub struct MirrorReport {
     pub status: Option<String>,
     /// The first failure, when anything could not be sent.
     pub first_error: Option<String>,
+    /// Whether the end-of-run flush gave up at [`MirrorOptions::flush_timeout`].
+    pub timed_out: bool,
 }
 
 impl MirrorReport {
     /// Whether everything reached the server.
     pub fn complete(&self) -> bool {
-        self.metrics_unsent == 0
-            && self.other_unsent == 0
-            && self.artifacts_unsent == 0
-            && self.status.is_some()
+        self.complete_before_status() && self.status.is_some()
+    }
+
+    /// Whether every metric, param, tag, input and artifact reached the server.
+    fn complete_before_status(&self) -> bool {
+        self.metrics_unsent == 0 && self.other_unsent == 0 && self.artifacts_unsent == 0
     }
 }
 
 /// A unit of work for the sender thread.
 enum Job {
-    /// A JSON POST carrying `metrics` metric values and `other` params/tags/inputs.
+    /// A JSON POST carrying `metrics` metric values and `other` params/tags/inputs; the
+    /// sender sets the body's `run_id` (the MLflow run may not exist yet when it is queued).
     Post {
         path: &'static str,
         body: Value,
@@ -155,33 +196,47 @@ enum Job {
     },
     /// An artifact file.
     Upload { name: String, file: PathBuf },
+    /// The final status, queued last: `status` is kiln's (`FINISHED`, `FAILED`, `KILLED`);
+    /// the sender ends the MLflow run `FAILED` instead when metric values are missing.
+    Status { status: &'static str },
 }
 
 impl Job {
+    /// Count the job as offered (`sent == false`) or as accepted by the server.
     fn count(&self, c: &Counters, sent: bool) {
         let add = |a: &AtomicU64, n: u64| {
             a.fetch_add(n, Ordering::Relaxed);
         };
         match (self, sent) {
-            (Job::Post { metrics, .. }, true) => add(&c.metrics_sent, *metrics),
             (Job::Post { metrics, other, .. }, false) => {
-                add(&c.metrics_unsent, *metrics);
-                add(&c.other_unsent, *other);
+                add(&c.metrics_total, *metrics);
+                add(&c.other_total, *other);
             }
+            (Job::Post { metrics, other, .. }, true) => {
+                add(&c.metrics_sent, *metrics);
+                add(&c.other_sent, *other);
+            }
+            (Job::Upload { .. }, false) => add(&c.artifacts_total, 1),
             (Job::Upload { .. }, true) => add(&c.artifacts_sent, 1),
-            (Job::Upload { .. }, false) => add(&c.artifacts_unsent, 1),
+            (Job::Status { .. }, _) => {}
         }
     }
 }
 
+/// What was offered to the sender and what the server accepted; what was offered and not
+/// accepted (dropped on a full queue, refused, never tried before the flush timeout) is the
+/// difference.
 #[derive(Debug, Default)]
 struct Counters {
+    metrics_total: AtomicU64,
     metrics_sent: AtomicU64,
-    metrics_unsent: AtomicU64,
-    other_unsent: AtomicU64,
+    other_total: AtomicU64,
+    other_sent: AtomicU64,
+    artifacts_total: AtomicU64,
     artifacts_sent: AtomicU64,
-    artifacts_unsent: AtomicU64,
     first_error: Mutex<Option<String>>,
+    /// The final status the server accepted.
+    status: Mutex<Option<String>>,
 }
 
 impl Counters {
@@ -192,41 +247,201 @@ impl Counters {
             *f = Some(e);
         }
     }
+
+    fn load(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+
+    fn metrics_missing(&self) -> u64 {
+        Self::load(&self.metrics_total).saturating_sub(Self::load(&self.metrics_sent))
+    }
+
+    fn report(&self) -> MirrorReport {
+        let (mt, ms) = (
+            Self::load(&self.metrics_total),
+            Self::load(&self.metrics_sent),
+        );
+        let (at, as_) = (
+            Self::load(&self.artifacts_total),
+            Self::load(&self.artifacts_sent),
+        );
+        MirrorReport {
+            metrics_sent: ms,
+            metrics_unsent: mt.saturating_sub(ms),
+            other_unsent: Self::load(&self.other_total)
+                .saturating_sub(Self::load(&self.other_sent)),
+            artifacts_sent: as_,
+            artifacts_unsent: at.saturating_sub(as_),
+            status: self.status.lock().ok().and_then(|s| s.clone()),
+            first_error: self.first_error.lock().ok().and_then(|e| e.clone()),
+            timed_out: false,
+        }
+    }
+}
+
+/// Where the MLflow run stands, as the sender thread sets it up.
+enum Opened {
+    /// The sender is still creating (or finding) the MLflow run.
+    Pending,
+    /// The run exists.
+    Open { state: MirrorState, resumed: bool },
+    /// It could not be created; the error (taken by the first waiter that wants it).
+    Failed(Option<MlflowError>),
+}
+
+/// State shared by the mirror and its sender thread.
+struct Shared {
+    opened: Mutex<Opened>,
+    changed: Condvar,
+    /// Set when the end-of-run flush gave up: the sender stops trying what is left.
+    abandoned: AtomicBool,
+    counters: Counters,
+}
+
+impl Shared {
+    fn set(&self, o: Opened) {
+        if let Ok(mut g) = self.opened.lock() {
+            *g = o;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Wait until the run was opened (or failed to); `f` sees the outcome.
+    fn wait<T>(&self, f: impl FnOnce(&mut Opened) -> T) -> T {
+        let mut g = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        while matches!(*g, Opened::Pending) {
+            g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        f(&mut g)
+    }
+
+    fn failed_to_open(&self) -> bool {
+        self.opened
+            .lock()
+            .map(|g| matches!(*g, Opened::Failed(_)))
+            .unwrap_or(false)
+    }
+}
+
+/// What the sender needs to create (or continue) the MLflow run.
+struct Opening {
+    options: MirrorOptions,
+    run: RunDir,
+    loaded: LoadedConfig,
 }
 
 /// The sender thread's state.
 struct Worker {
     client: Client,
+    run_id: String,
     artifact_root: Option<String>,
-    counters: Arc<Counters>,
+    shared: Arc<Shared>,
     paused_until: Option<Instant>,
 }
 
 impl Worker {
-    fn run(mut self, rx: Receiver<Job>) {
+    fn run(mut self, opening: Opening, rx: Receiver<Job>, _done: mpsc::Sender<()>) {
+        match open(
+            &self.client,
+            &opening.options,
+            &opening.run,
+            &opening.loaded,
+        ) {
+            Ok((state, resumed)) => {
+                self.run_id = state.run_id.clone();
+                self.artifact_root = proxied_root(&state.artifact_uri);
+                self.shared.set(Opened::Open { state, resumed });
+                for job in param_jobs(&opening.loaded) {
+                    job.count(&self.shared.counters, false);
+                    self.handle(job);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("MLflow mirror disabled: {e}");
+                self.shared.counters.error(e.to_string());
+                self.shared.set(Opened::Failed(Some(e)));
+                // Nothing can be sent: what is queued stays counted as not sent.
+                for _ in rx {}
+                return;
+            }
+        }
         for job in rx {
+            if self.shared.abandoned.load(Ordering::Relaxed) {
+                continue;
+            }
             self.handle(job);
         }
     }
 
     fn handle(&mut self, job: Job) {
+        if let Job::Status { status } = job {
+            self.finish(status);
+            return;
+        }
         if self.paused_until.is_some_and(|t| Instant::now() < t) {
-            job.count(&self.counters, false);
             return;
         }
         let result = match &job {
-            Job::Post { path, body, .. } => self.client.post(path, body).map(|_| ()),
+            Job::Post { path, body, .. } => {
+                let mut body = body.clone();
+                body["run_id"] = json!(self.run_id);
+                self.client.post(path, &body).map(|_| ())
+            }
             Job::Upload { name, file } => self.upload(name, file),
+            Job::Status { .. } => unreachable!("handled above"),
         };
         match result {
-            Ok(()) => job.count(&self.counters, true),
+            Ok(()) => job.count(&self.shared.counters, true),
             Err(e) => {
-                job.count(&self.counters, false);
                 if matches!(e, MlflowError::Transport { .. }) {
                     self.paused_until = Some(Instant::now() + PAUSE_AFTER_TRANSPORT_FAILURE);
                 }
-                self.counters.error(e.to_string());
+                self.shared.counters.error(e.to_string());
             }
+        }
+    }
+
+    /// End the MLflow run (everything before was tried). Missing metric values end it
+    /// `FAILED` whatever kiln's status, with the tag [`INCOMPLETE_TAG`] saying what is
+    /// missing (the tag is tried even if the values were not: the update that sets the
+    /// status may still get through); other missing items only add the tag.
+    fn finish(&mut self, status: &'static str) {
+        let c = &self.shared.counters;
+        let r = c.report();
+        let missing_metrics = c.metrics_missing();
+        let status = if missing_metrics > 0 {
+            "FAILED"
+        } else {
+            status
+        };
+        if !r.complete_before_status() {
+            let what = format!(
+                "{} of {} metric values, {} params/tags/inputs and {} of {} artifact files did \
+                 not reach MLflow (first error: {}); the kiln run directory has everything",
+                r.metrics_unsent,
+                r.metrics_unsent + r.metrics_sent,
+                r.other_unsent,
+                r.artifacts_unsent,
+                r.artifacts_unsent + r.artifacts_sent,
+                r.first_error.as_deref().unwrap_or("none")
+            );
+            let body = json!({
+                "run_id": self.run_id,
+                "params": [],
+                "metrics": [],
+                "tags": [tag(INCOMPLETE_TAG, &what)],
+            });
+            if let Err(e) = self.client.post("/api/2.0/mlflow/runs/log-batch", &body) {
+                tracing::debug!("MLflow: tagging the run incomplete: {e}");
+            }
+        }
+        match set_status(&self.client, &self.run_id, status) {
+            Ok(()) => {
+                if let Ok(mut s) = c.status.lock() {
+                    *s = Some(status.to_string());
+                }
+            }
+            Err(e) => c.error(e.to_string()),
         }
     }
 
@@ -272,74 +487,99 @@ fn proxied_root(artifact_uri: &str) -> Option<String> {
     ))
 }
 
-/// The background sender: a bounded queue and the thread that empties it.
+/// The background sender: a bounded queue and the thread that creates the MLflow run and
+/// then empties the queue.
 struct Sender {
     tx: Mutex<Option<SyncSender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    counters: Arc<Counters>,
+    /// Disconnected once the thread has ended.
+    done: Mutex<Option<Receiver<()>>>,
+    shared: Arc<Shared>,
 }
 
 impl Sender {
-    fn spawn(client: Client, artifact_root: Option<String>, capacity: usize) -> Self {
-        let counters = Arc::new(Counters::default());
+    fn spawn(client: Client, opening: Opening, capacity: usize) -> Self {
+        let shared = Arc::new(Shared {
+            opened: Mutex::new(Opened::Pending),
+            changed: Condvar::new(),
+            abandoned: AtomicBool::new(false),
+            counters: Counters::default(),
+        });
         let (tx, rx) = mpsc::sync_channel(capacity.max(1));
+        let (done_tx, done_rx) = mpsc::channel();
         let worker = Worker {
             client,
-            artifact_root,
-            counters: Arc::clone(&counters),
+            run_id: String::new(),
+            artifact_root: None,
+            shared: Arc::clone(&shared),
             paused_until: None,
         };
-        let thread = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("kiln-mlflow".into())
-            .spawn(move || worker.run(rx))
-            .ok();
+            .spawn(move || worker.run(opening, rx, done_tx));
+        if let Err(e) = spawned {
+            let e = MlflowError::Artifact {
+                name: "(sender thread)".into(),
+                problem: format!("cannot start the sender thread: {e}"),
+            };
+            shared.counters.error(e.to_string());
+            shared.set(Opened::Failed(Some(e)));
+        }
         Self {
             tx: Mutex::new(Some(tx)),
-            thread: Mutex::new(thread),
-            counters,
+            done: Mutex::new(Some(done_rx)),
+            shared,
         }
     }
 
-    /// Queue without waiting; a full queue (or a stopped sender) counts the job as not sent.
+    /// Queue without waiting; a full queue (or a stopped sender) leaves the job not sent.
     fn offer(&self, job: Job) {
+        job.count(&self.shared.counters, false);
         let tx = self.tx.lock().ok().and_then(|t| t.clone());
-        let Some(tx) = tx else {
-            job.count(&self.counters, false);
-            return;
-        };
-        match tx.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Full(job)) => {
-                job.count(&self.counters, false);
-                self.counters.error(
-                    "the sender's queue was full (the server is slower than training)".into(),
-                );
-            }
-            Err(TrySendError::Disconnected(job)) => job.count(&self.counters, false),
+        let Some(tx) = tx else { return };
+        if let Err(TrySendError::Full(_)) = tx.try_send(job) {
+            self.shared
+                .counters
+                .error("the sender's queue was full (the server is slower than training)".into());
         }
     }
 
-    /// Queue, waiting for room (only after training, at the end of the run).
-    fn push(&self, job: Job) {
+    /// Queue, waiting for room until `deadline` (only after training, at the end of the
+    /// run); past it the job stays not sent.
+    fn push_until(&self, job: Job, deadline: Instant) {
+        job.count(&self.shared.counters, false);
         let tx = self.tx.lock().ok().and_then(|t| t.clone());
-        match tx {
-            Some(tx) => {
-                if let Err(mpsc::SendError(job)) = tx.send(job) {
-                    job.count(&self.counters, false);
+        let Some(tx) = tx else { return };
+        let mut job = job;
+        loop {
+            match tx.try_send(job) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => return,
+                Err(TrySendError::Full(j)) => {
+                    if Instant::now() >= deadline {
+                        return;
+                    }
+                    job = j;
+                    std::thread::sleep(Duration::from_millis(5));
                 }
             }
-            None => job.count(&self.counters, false),
         }
     }
 
-    /// Close the queue and wait until everything queued was tried.
-    fn drain(&self) {
+    /// Close the queue and wait until everything queued was tried, or until `deadline`:
+    /// then the sender is told to stop and left behind. Returns whether it finished.
+    fn drain_until(&self, deadline: Instant) -> bool {
         if let Ok(mut tx) = self.tx.lock() {
             tx.take();
         }
-        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(t) = thread {
-            let _ = t.join();
+        let Some(done) = self.done.lock().ok().and_then(|mut d| d.take()) else {
+            return true;
+        };
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match done.recv_timeout(wait) {
+            Err(RecvTimeoutError::Timeout) => {
+                self.shared.abandoned.store(true, Ordering::Relaxed);
+                false
+            }
+            _ => true,
         }
     }
 }
@@ -529,38 +769,131 @@ pub fn mark_stale_runs_killed(client: &Client, experiment_id: &str) -> Result<us
     Ok(marked)
 }
 
+/// Create the MLflow run (or continue the one named by `<run dir>/mlflow.json` on the same
+/// server) and store its ids in the run directory; returns the state and whether it was
+/// continued. Runs on the sender thread.
+fn open(
+    client: &Client,
+    options: &MirrorOptions,
+    run: &RunDir,
+    loaded: &LoadedConfig,
+) -> Result<(MirrorState, bool), MlflowError> {
+    let experiment_id = client.experiment_id(&options.experiment)?;
+    match mark_stale_runs_killed(client, &experiment_id) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("MLflow: marked {n} stale running run(s) as KILLED"),
+        Err(e) => tracing::debug!("MLflow: looking for stale runs: {e}"),
+    }
+    let previous = MirrorState::read(&run.path)
+        .filter(|s| s.tracking_uri == client.base_url() && s.experiment_id == experiment_id);
+    let continued = match previous {
+        Some(s) => {
+            let get = format!(
+                "/api/2.0/mlflow/runs/get?run_id={}",
+                utf8_percent_encode(&s.run_id, QUERY_VALUE)
+            );
+            match client.call("GET", &get, None)? {
+                (200, v) if v["run"]["info"]["lifecycle_stage"] == "active" => {
+                    set_status(client, &s.run_id, "RUNNING")?;
+                    // Refresh the process tags so the reaper sees the live process.
+                    let tags: Vec<Value> = source_tags(&source_name(loaded))
+                        .into_iter()
+                        .filter(|t| t["key"].as_str().is_some_and(|k| k.starts_with("kiln.pid")))
+                        .collect();
+                    client.post(
+                        "/api/2.0/mlflow/runs/log-batch",
+                        &json!({"run_id": s.run_id, "tags": tags}),
+                    )?;
+                    Some(s)
+                }
+                _ => {
+                    tracing::warn!(
+                        "MLflow run {} of {} is gone; mirroring the resumed run into a new one",
+                        s.run_id,
+                        run.path.join(STATE_FILE).display()
+                    );
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let resumed = continued.is_some();
+    let state = match continued {
+        Some(s) => s,
+        None => {
+            let mut tags = source_tags(&source_name(loaded));
+            tags.push(tag("kiln.run_id", &run.id));
+            tags.push(tag("kiln.run_dir", &run.path.display().to_string()));
+            tags.push(tag(
+                "kiln.config_sha256",
+                &crate::util::sha256_hex(loaded.text.as_bytes()),
+            ));
+            if let Some(p) = &options.parent_run_id {
+                tags.push(tag("mlflow.parentRunId", p));
+            }
+            create_run(client, &experiment_id, &run.id, tags)?
+        }
+    };
+    if let Err(e) = state.write(&run.path) {
+        tracing::warn!(
+            "MLflow: cannot record the run id in {}: {e} (a --resume will start a new MLflow run)",
+            run.path.join(STATE_FILE).display()
+        );
+    }
+    Ok((state, resumed))
+}
+
+/// The config as params, in runs/log-batch jobs (no run id yet).
+fn param_jobs(loaded: &LoadedConfig) -> Vec<Job> {
+    let value = match serde_json::to_value(&loaded.config) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!("MLflow: the config as params: {e}");
+            return Vec::new();
+        }
+    };
+    let mut params = Vec::new();
+    flatten("", &value, &mut params);
+    let params: Vec<Value> = params
+        .iter()
+        .map(|(k, v)| json!({"key": k, "value": truncate_chars(v, MAX_PARAM_VALUE)}))
+        .collect();
+    batches("", params, Vec::new(), Vec::new())
+}
+
 /// An MLflow run mirroring a kiln run; see the module docs.
 pub struct Mirror {
-    client: Client,
-    state: MirrorState,
-    resumed: bool,
     step_offsets: Vec<usize>,
     data_path: PathBuf,
     profile_dir: PathBuf,
+    flush_timeout: Duration,
     sender: Sender,
 }
 
 impl std::fmt::Debug for Mirror {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mirror")
-            .field("state", &self.state)
-            .field("resumed", &self.resumed)
+            .field("state", &self.state_now())
             .finish_non_exhaustive()
     }
 }
 
 impl Mirror {
     /// Start mirroring when `MLFLOW_TRACKING_URI` is set, with [`ClientOptions::from_env`] and
-    /// [`MirrorOptions::from_env`]; `None` (after one warning) on any failure.
+    /// [`MirrorOptions::from_env`] ([`Mirror::begin`]: never waits for the server); `None`
+    /// (after one warning) when the variables cannot be used.
     pub fn from_env(run: &RunDir, loaded: &LoadedConfig) -> Option<Self> {
         let uri = std::env::var("MLFLOW_TRACKING_URI")
             .ok()
             .filter(|u| !u.is_empty())?;
-        let started = ClientOptions::from_env()
-            .and_then(|options| Client::with_options(&uri, &options))
-            .and_then(|client| Self::start(client, &MirrorOptions::from_env(loaded), run, loaded));
-        match started {
-            Ok(m) => Some(m),
+        match ClientOptions::from_env().and_then(|options| Client::with_options(&uri, &options)) {
+            Ok(client) => Some(Self::begin(
+                client,
+                &MirrorOptions::from_env(loaded),
+                run,
+                loaded,
+            )),
             Err(e) => {
                 tracing::warn!("MLflow mirror disabled: {e}");
                 None
@@ -568,80 +901,17 @@ impl Mirror {
         }
     }
 
-    /// Create the MLflow run (or continue the one named by `<run dir>/mlflow.json` on the
-    /// same server), store its ids in the run directory, start the sender and queue the
-    /// config as params.
-    pub fn start(
+    /// Start the sender thread, which creates the MLflow run (or continues the one named by
+    /// `<run dir>/mlflow.json` on the same server), stores its ids in the run directory and
+    /// sends the config as params, then the queued metrics. Returns at once: the caller
+    /// (training) never waits for the server. When the run cannot be created, one warning
+    /// says why and nothing is sent.
+    pub fn begin(
         client: Client,
         options: &MirrorOptions,
         run: &RunDir,
         loaded: &LoadedConfig,
-    ) -> Result<Self, MlflowError> {
-        let experiment_id = client.experiment_id(&options.experiment)?;
-        match mark_stale_runs_killed(&client, &experiment_id) {
-            Ok(0) => {}
-            Ok(n) => tracing::info!("MLflow: marked {n} stale running run(s) as KILLED"),
-            Err(e) => tracing::debug!("MLflow: looking for stale runs: {e}"),
-        }
-        let previous = MirrorState::read(&run.path)
-            .filter(|s| s.tracking_uri == client.base_url() && s.experiment_id == experiment_id);
-        let continued = match previous {
-            Some(s) => {
-                let get = format!(
-                    "/api/2.0/mlflow/runs/get?run_id={}",
-                    utf8_percent_encode(&s.run_id, QUERY_VALUE)
-                );
-                match client.call("GET", &get, None)? {
-                    (200, v) if v["run"]["info"]["lifecycle_stage"] == "active" => {
-                        set_status(&client, &s.run_id, "RUNNING")?;
-                        // Refresh the process tags so the reaper sees the live process.
-                        let tags: Vec<Value> = source_tags(&source_name(loaded))
-                            .into_iter()
-                            .filter(|t| {
-                                t["key"].as_str().is_some_and(|k| k.starts_with("kiln.pid"))
-                            })
-                            .collect();
-                        client.post(
-                            "/api/2.0/mlflow/runs/log-batch",
-                            &json!({"run_id": s.run_id, "tags": tags}),
-                        )?;
-                        Some(s)
-                    }
-                    _ => {
-                        tracing::warn!(
-                            "MLflow run {} of {} is gone; mirroring the resumed run into a new one",
-                            s.run_id,
-                            run.path.join(STATE_FILE).display()
-                        );
-                        None
-                    }
-                }
-            }
-            None => None,
-        };
-        let resumed = continued.is_some();
-        let state = match continued {
-            Some(s) => s,
-            None => {
-                let mut tags = source_tags(&source_name(loaded));
-                tags.push(tag("kiln.run_id", &run.id));
-                tags.push(tag("kiln.run_dir", &run.path.display().to_string()));
-                tags.push(tag(
-                    "kiln.config_sha256",
-                    &crate::util::sha256_hex(loaded.text.as_bytes()),
-                ));
-                if let Some(p) = &options.parent_run_id {
-                    tags.push(tag("mlflow.parentRunId", p));
-                }
-                create_run(&client, &experiment_id, &run.id, tags)?
-            }
-        };
-        if let Err(e) = state.write(&run.path) {
-            tracing::warn!(
-                "MLflow: cannot record the run id in {}: {e} (a --resume will start a new MLflow run)",
-                run.path.join(STATE_FILE).display()
-            );
-        }
+    ) -> Self {
         let c = &loaded.config;
         let mut step_offsets = Vec::with_capacity(c.stages.len());
         let mut sum = 0;
@@ -654,48 +924,70 @@ impl Mirror {
         } else {
             run.path.join(&c.profile.out_dir)
         };
-        let mirror = Self {
-            sender: Sender::spawn(
-                client.clone(),
-                proxied_root(&state.artifact_uri),
-                options.queue_capacity,
-            ),
-            client,
-            state,
-            resumed,
+        let opening = Opening {
+            options: options.clone(),
+            run: run.clone(),
+            loaded: loaded.clone(),
+        };
+        Self {
+            sender: Sender::spawn(client, opening, options.queue_capacity),
             step_offsets,
             data_path: c.data.path.clone(),
             profile_dir,
-        };
-        let mut params = Vec::new();
-        flatten(
-            "",
-            &serde_json::to_value(c).map_err(MlflowError::Config)?,
-            &mut params,
-        );
-        let params: Vec<Value> = params
-            .iter()
-            .map(|(k, v)| json!({"key": k, "value": truncate_chars(v, MAX_PARAM_VALUE)}))
-            .collect();
-        for job in batches(&mirror.state.run_id, params, Vec::new(), Vec::new()) {
-            mirror.sender.offer(job);
+            flush_timeout: options.flush_timeout,
         }
-        Ok(mirror)
     }
 
-    /// The MLflow run.
-    pub fn state(&self) -> &MirrorState {
-        &self.state
+    /// [`Mirror::begin`], then wait until the MLflow run exists; its error when it cannot
+    /// be created.
+    pub fn start(
+        client: Client,
+        options: &MirrorOptions,
+        run: &RunDir,
+        loaded: &LoadedConfig,
+    ) -> Result<Self, MlflowError> {
+        let m = Self::begin(client, options, run, loaded);
+        let failed = m.sender.shared.wait(|o| match o {
+            Opened::Failed(e) => Some(e.take().unwrap_or_else(|| MlflowError::Artifact {
+                name: "(run)".into(),
+                problem: "the MLflow run could not be created".into(),
+            })),
+            _ => None,
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(m),
+        }
     }
 
-    /// MLflow's run id.
-    pub fn run_id(&self) -> &str {
-        &self.state.run_id
+    /// The MLflow run, once the sender created it (waits for that); `None` when it could
+    /// not be created.
+    pub fn state(&self) -> Option<MirrorState> {
+        self.sender.shared.wait(|o| match o {
+            Opened::Open { state, .. } => Some(state.clone()),
+            _ => None,
+        })
     }
 
-    /// Whether this mirror continues an MLflow run started by an earlier process.
+    /// The MLflow run if it exists already; never waits.
+    pub fn state_now(&self) -> Option<MirrorState> {
+        match &*self.sender.shared.opened.lock().ok()? {
+            Opened::Open { state, .. } => Some(state.clone()),
+            _ => None,
+        }
+    }
+
+    /// MLflow's run id (waits like [`Mirror::state`]).
+    pub fn run_id(&self) -> Option<String> {
+        self.state().map(|s| s.run_id)
+    }
+
+    /// Whether this mirror continues an MLflow run started by an earlier process (waits
+    /// like [`Mirror::state`]).
     pub fn resumed(&self) -> bool {
-        self.resumed
+        self.sender
+            .shared
+            .wait(|o| matches!(o, Opened::Open { resumed: true, .. }))
     }
 
     /// The step an epoch is logged at: the configured epochs of the earlier stages plus the
@@ -721,17 +1013,19 @@ impl Mirror {
         .filter(|(_, v)| v.is_finite())
         .map(|(k, v)| metric(&format!("{s}/{k}"), v, ts, step))
         .collect();
-        for job in batches(&self.state.run_id, Vec::new(), metrics, Vec::new()) {
+        for job in batches("", Vec::new(), metrics, Vec::new()) {
             self.sender.offer(job);
         }
     }
 
     /// Send the end-of-run metrics, the dataset input and the artifacts, wait for the sender,
-    /// then set the final status. Never fails: what could not be sent is reported once (a
-    /// warning) and in the returned report.
+    /// then set the final status — all within [`MirrorOptions::flush_timeout`], after which
+    /// what is left is abandoned. Never fails: what could not be sent is reported once (a
+    /// warning) and in the returned report. Missing metric values end the MLflow run `FAILED`
+    /// (see the module docs).
     pub fn finish(&self, run: &RunDir, end: &RunEnd) -> MirrorReport {
+        let deadline = Instant::now() + self.flush_timeout;
         let ts = now_ms();
-        let run_id = &self.state.run_id;
         let mut metrics = Vec::new();
         for (k, v) in [
             ("val_metric", end.val_metric),
@@ -766,8 +1060,8 @@ impl Mirror {
         if let Some(reason) = &end.reason {
             tags.push(tag("kiln.failure_reason", reason));
         }
-        for job in batches(run_id, Vec::new(), metrics, tags) {
-            self.sender.push(job);
+        for job in batches("", Vec::new(), metrics, tags) {
+            self.sender.push_until(job, deadline);
         }
         if let Some(sha) = &end.dataset_sha256 {
             let name = self
@@ -777,68 +1071,74 @@ impl Mirror {
                 .unwrap_or_else(|| "dataset".into());
             let source =
                 std::fs::canonicalize(&self.data_path).unwrap_or_else(|_| self.data_path.clone());
-            self.sender.push(Job::Post {
-                path: "/api/2.0/mlflow/runs/log-inputs",
-                body: json!({
-                    "run_id": run_id,
-                    "datasets": [{
-                        "tags": [{"key": "mlflow.data.context", "value": "train"}],
-                        "dataset": {
-                            "name": name,
-                            "digest": &sha[..sha.len().min(32)],
-                            "source_type": "local",
-                            "source": json!({"uri": source.display().to_string()}).to_string(),
-                            "profile": json!({"sha256": sha}).to_string(),
-                        },
-                    }],
-                }),
-                metrics: 0,
-                other: 1,
-            });
+            self.sender.push_until(
+                Job::Post {
+                    path: "/api/2.0/mlflow/runs/log-inputs",
+                    body: json!({
+                        "datasets": [{
+                            "tags": [{"key": "mlflow.data.context", "value": "train"}],
+                            "dataset": {
+                                "name": name,
+                                "digest": &sha[..sha.len().min(32)],
+                                "source_type": "local",
+                                "source": json!({"uri": source.display().to_string()}).to_string(),
+                                "profile": json!({"sha256": sha}).to_string(),
+                            },
+                        }],
+                    }),
+                    metrics: 0,
+                    other: 1,
+                },
+                deadline,
+            );
         }
         for (name, file) in artifact_files(&run.path, &self.profile_dir) {
-            self.sender.push(Job::Upload { name, file });
+            self.sender.push_until(Job::Upload { name, file }, deadline);
         }
-        self.sender.drain();
         let status = match end.status.as_str() {
             "finished" => "FINISHED",
             "killed" => "KILLED",
             _ => "FAILED",
         };
-        let c = &self.sender.counters;
-        let mut report = MirrorReport {
-            metrics_sent: c.metrics_sent.load(Ordering::Relaxed),
-            metrics_unsent: c.metrics_unsent.load(Ordering::Relaxed),
-            other_unsent: c.other_unsent.load(Ordering::Relaxed),
-            artifacts_sent: c.artifacts_sent.load(Ordering::Relaxed),
-            artifacts_unsent: c.artifacts_unsent.load(Ordering::Relaxed),
-            status: None,
-            first_error: c.first_error.lock().ok().and_then(|e| e.clone()),
-        };
-        match set_status(&self.client, run_id, status) {
-            Ok(()) => report.status = Some(status.to_string()),
-            Err(e) => {
-                if report.first_error.is_none() {
-                    report.first_error = Some(e.to_string());
-                }
-            }
+        self.sender.push_until(Job::Status { status }, deadline);
+        let drained = self.sender.drain_until(deadline);
+        let mut report = self.sender.shared.counters.report();
+        report.timed_out = !drained;
+        if report.timed_out && report.first_error.is_none() {
+            report.first_error = Some(format!(
+                "the server did not answer within the flush timeout ({:?})",
+                self.flush_timeout
+            ));
         }
-        if !report.complete() {
+        // A run that could not be created was reported when that failed.
+        if !report.complete() && !self.sender.shared.failed_to_open() {
+            let run_id = self
+                .state_now()
+                .map_or_else(|| "not created".to_string(), |s| s.run_id);
+            let mut notes = String::new();
+            if report.timed_out {
+                notes.push_str(&format!(
+                    "; gave up waiting for the server after {:?} ({FLUSH_TIMEOUT_ENV})",
+                    self.flush_timeout
+                ));
+            }
+            match report.status.as_deref() {
+                None => notes.push_str(&format!("; the final status {status} was not set")),
+                Some(s) if s != status => notes.push_str(&format!(
+                    "; the MLflow run is marked {s} (not {status}) because metric values are \
+                     missing (tag {INCOMPLETE_TAG})"
+                )),
+                Some(_) => {}
+            }
             tracing::warn!(
-                "MLflow mirror of run {} ({}): {} of {} metric values, {} params/tags/inputs and \
-                 {} of {} artifact files could not be sent{}; first error: {}",
+                "MLflow mirror of run {} ({run_id}): {} of {} metric values, {} params/tags/inputs \
+                 and {} of {} artifact files were not uploaded{notes}; first error: {}",
                 run.id,
-                self.state.run_id,
                 report.metrics_unsent,
                 report.metrics_unsent + report.metrics_sent,
                 report.other_unsent,
                 report.artifacts_unsent,
                 report.artifacts_unsent + report.artifacts_sent,
-                if report.status.is_none() {
-                    format!(", and the final status {status} was not set")
-                } else {
-                    String::new()
-                },
                 report.first_error.as_deref().unwrap_or("(none)")
             );
         }

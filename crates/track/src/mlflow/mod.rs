@@ -84,8 +84,8 @@ use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig, TlsProvider};
 mod mirror;
 
 pub use mirror::{
-    ENV_PARENT_RUN_ID, Mirror, MirrorOptions, MirrorReport, MirrorState, STATE_FILE, SweepParent,
-    mark_stale_runs_killed,
+    DEFAULT_FLUSH_TIMEOUT, ENV_PARENT_RUN_ID, FLUSH_TIMEOUT_ENV, INCOMPLETE_TAG, Mirror,
+    MirrorOptions, MirrorReport, MirrorState, STATE_FILE, SweepParent, mark_stale_runs_killed,
 };
 
 /// MLflow's per-request limits for runs/log-batch.
@@ -1089,6 +1089,7 @@ mod tests {
             experiment: "kiln tiny".into(),
             parent_run_id: Some("parent1".into()),
             queue_capacity,
+            flush_timeout: Duration::from_secs(60),
         }
     }
 
@@ -1108,7 +1109,7 @@ mod tests {
         std::fs::write(run.config_file(), "name: tiny\n").unwrap();
         let client = Client::with_options(&uri, &fast()).unwrap();
         let m = Mirror::start(client, &options(1024), &run, &loaded()).unwrap();
-        assert_eq!(m.run_id(), "abc123");
+        assert_eq!(m.run_id().as_deref(), Some("abc123"));
         let stored = MirrorState::read(&run.path).unwrap();
         assert_eq!(stored.run_id, "abc123");
         assert_eq!(stored.experiment_id, "7");
@@ -1276,7 +1277,165 @@ mod tests {
                 .contains("queue was full"),
             "{report:?}"
         );
-        assert_eq!(report.status.as_deref(), Some("FINISHED"));
+        // Values are missing, so the MLflow run does not end as if they had arrived.
+        assert_eq!(report.status.as_deref(), Some("FAILED"));
+    }
+
+    /// A listener that accepts connections and never reads or answers; the number accepted.
+    fn silent_server() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let a2 = Arc::clone(&accepted);
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in listener.incoming().flatten() {
+                held.push(s);
+                a2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        (uri, accepted)
+    }
+
+    #[test]
+    fn a_server_that_accepts_and_never_answers_never_holds_up_the_run() {
+        // Fault injection: the server takes the connection and never answers; the client's
+        // read timeout (10 minutes) is far longer than the test, so only the mirror's own
+        // design can let the run go on: creating the run happens off the caller's thread,
+        // and the end of the run gives up at the flush timeout.
+        let (uri, accepted) = silent_server();
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path(), "tiny").unwrap();
+        std::fs::write(run.config_file(), "name: tiny\n").unwrap();
+        let client = Client::with_options(
+            &uri,
+            &ClientOptions {
+                read_timeout: Duration::from_secs(600),
+                ..fast()
+            },
+        )
+        .unwrap();
+        let m = Mirror::begin(
+            client,
+            &MirrorOptions {
+                flush_timeout: Duration::from_millis(300),
+                ..options(16)
+            },
+            &run,
+            &loaded(),
+        );
+        // The sender is inside its first request, which the server holds unanswered.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while accepted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            assert!(std::time::Instant::now() < deadline, "no connection made");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(m.state_now().is_none());
+        for e in 0..5 {
+            m.log_epoch(&epoch(0, e));
+        }
+        let report = m.finish(
+            &run,
+            &RunEnd {
+                status: kiln_core::records::RunState::Finished,
+                val_metric: Some(0.4),
+                ..RunEnd::default()
+            },
+        );
+        // finish returned while that request is still unanswered (the read timeout has
+        // not passed): it gave up, and says what did not reach the server.
+        assert!(report.timed_out, "{report:?}");
+        assert_eq!(report.status, None, "{report:?}");
+        assert_eq!(report.metrics_sent, 0);
+        assert_eq!(report.metrics_unsent, 5 * 6 + 1, "{report:?}");
+        assert!(report.artifacts_unsent >= 1, "{report:?}");
+        assert!(
+            report
+                .first_error
+                .as_deref()
+                .unwrap()
+                .contains("flush timeout"),
+            "{report:?}"
+        );
+        assert!(!report.complete());
+        assert!(MirrorState::read(&run.path).is_none());
+    }
+
+    #[test]
+    fn metrics_that_never_arrive_end_the_mlflow_run_failed_and_tagged() {
+        // Fault injection: every log-batch that carries metric values answers 500; creating,
+        // tagging and updating the run work.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap());
+        let log = serve(listener, |req, n| {
+            let has_metrics = req.body["metrics"]
+                .as_array()
+                .is_some_and(|m| !m.is_empty());
+            if req.path.ends_with("log-batch") && has_metrics {
+                return vec![response(
+                    500,
+                    &json!({"error_code": "INTERNAL_ERROR", "message": "metrics store down"}),
+                )];
+            }
+            mlflow_like(req, n)
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path(), "tiny").unwrap();
+        std::fs::write(run.config_file(), "name: tiny\n").unwrap();
+        let client = Client::with_options(&uri, &fast()).unwrap();
+        let m = Mirror::start(client, &options(64), &run, &loaded()).unwrap();
+        for e in 0..5 {
+            m.log_epoch(&epoch(0, e));
+        }
+        let report = m.finish(
+            &run,
+            &RunEnd {
+                status: kiln_core::records::RunState::Finished,
+                val_metric: Some(0.4),
+                ..RunEnd::default()
+            },
+        );
+        assert_eq!(report.metrics_sent, 0, "{report:?}");
+        assert_eq!(report.metrics_unsent, 5 * 6 + 1, "{report:?}");
+        assert_eq!(report.other_unsent, 0, "params went through: {report:?}");
+        assert!(!report.timed_out);
+        // Training finished, but the MLflow run is not marked as if its metrics arrived.
+        assert_eq!(report.status.as_deref(), Some("FAILED"), "{report:?}");
+        let log = log.lock().unwrap();
+        let last = log.last().unwrap();
+        assert_eq!(last.path, "/api/2.0/mlflow/runs/update");
+        assert_eq!(last.body["status"], "FAILED");
+        let incomplete: Vec<&str> = log
+            .iter()
+            .filter(|r| r.path.ends_with("log-batch"))
+            .flat_map(|r| r.body["tags"].as_array().into_iter().flatten())
+            .filter(|t| t["key"] == INCOMPLETE_TAG)
+            .filter_map(|t| t["value"].as_str())
+            .collect();
+        assert_eq!(incomplete.len(), 1, "{incomplete:?}");
+        assert!(
+            incomplete[0].starts_with("31 of 31 metric values,"),
+            "{}",
+            incomplete[0]
+        );
+        assert!(
+            incomplete[0].contains("metrics store down"),
+            "{}",
+            incomplete[0]
+        );
+    }
+
+    #[test]
+    fn the_flush_timeout_is_read_in_seconds() {
+        assert_eq!(
+            mirror::flush_timeout("2.5").unwrap(),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(mirror::flush_timeout("0").unwrap(), Duration::ZERO);
+        for bad in ["-1", "nan", "inf", "soon", "3601"] {
+            let e = mirror::flush_timeout(bad).unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
     }
 
     #[test]
@@ -1434,13 +1593,9 @@ mod tests {
 
     #[test]
     fn an_ipv6_literal_host_works() {
-        let listener = match TcpListener::bind("[::1]:0") {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("SKIPPED: an_ipv6_literal_host_works: cannot bind [::1]: {e}");
-                return;
-            }
-        };
+        // IPv6 loopback is part of the platform this runs on; without it the test fails.
+        let listener = TcpListener::bind("[::1]:0")
+            .unwrap_or_else(|e| panic!("cannot bind the IPv6 loopback [::1]: {e}"));
         let port = listener.local_addr().unwrap().port();
         let log = serve(listener, |_, _| vec![response(200, &json!({"ok": true}))]);
         let client = Client::with_options(&format!("http://[::1]:{port}/prefix"), &fast()).unwrap();
