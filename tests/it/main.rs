@@ -7,6 +7,7 @@ mod common;
 mod deploy;
 mod distill;
 mod engines;
+mod exact;
 mod faults_serve;
 mod faults_train;
 mod grpc;
