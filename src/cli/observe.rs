@@ -16,8 +16,9 @@ pub struct ProfileInferArgs {
     /// The reference network 20 → 48 → 48 → 3+3 (the default without --checkpoint).
     #[arg(long, conflicts_with = "checkpoint")]
     pub reference: bool,
-    /// Inference engine.
-    #[arg(long, default_value = "burn")]
+    /// Inference engine (default: `auto`, the fastest exact engine, as everywhere; `burn`
+    /// shows the network's module spans).
+    #[arg(long, default_value = kiln::records::AUTO_ENGINE)]
     pub engine: String,
     /// Rows per call.
     #[arg(long, default_value_t = 1)]

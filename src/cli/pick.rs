@@ -39,8 +39,8 @@ pub struct PickArgs {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Inference engine for the network.
-    #[arg(long, default_value = "burn")]
+    /// Inference engine (default: `auto`, the fastest exact engine, as everywhere).
+    #[arg(long, default_value = kiln::records::AUTO_ENGINE)]
     pub engine: String,
     /// One JSON line per pick.
     #[arg(long)]

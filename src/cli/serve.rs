@@ -36,8 +36,9 @@ pub struct ServeArgs {
     /// Port (0: any free port; the chosen one is printed).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Inference engine for regression models (default: `auto`, the fastest CPU engine per
-    /// batch-size bucket, timed at load; `fused`, `int8`, … force one).
+    /// Inference engine for regression models (default: `auto`, the fastest exact CPU
+    /// engine: an answer does not depend on the batch it was run in; `int8` or `auto-int8`
+    /// (int8 per batch-size bucket where faster) quantise, by explicit choice only).
     #[arg(long)]
     pub engine: Option<String>,
     /// Inference instances per model, each owning an engine.

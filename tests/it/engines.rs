@@ -251,7 +251,7 @@ fn fused_and_int8_do_not_allocate_after_warm_up() {
 #[test]
 fn engines_are_built_by_name() {
     let w = reference_weights(1);
-    for name in ["burn", "burn-ndarray", "fused", "int8", "auto"] {
+    for name in ["burn", "burn-ndarray", "fused", "int8", "auto", "auto-int8"] {
         assert!(engine_names().contains(&name));
         let e = build_engine(name, &w, 0).unwrap();
         assert_eq!(e.name(), name);
@@ -275,7 +275,7 @@ fn engines_are_built_by_name() {
 // ---- auto ----------------------------------------------------------------------------------
 
 #[test]
-fn auto_answers_every_batch_size_exactly_as_the_engine_it_chose_for_its_bucket() {
+fn auto_int8_answers_every_batch_size_exactly_as_the_engine_it_chose_for_its_bucket() {
     for (seed, arch) in [
         (21, RegressionNetConfig::reference()),
         (22, archs()[2].clone()),
@@ -283,7 +283,7 @@ fn auto_answers_every_batch_size_exactly_as_the_engine_it_chose_for_its_bucket()
         let w = seeded_weights(&arch, seed);
         let nf = w.arch.n_features;
         let buckets = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
-        let mut auto = AutoEngine::new(&w, 1).unwrap();
+        let mut auto = AutoEngine::with_int8(&w, 1).unwrap();
         auto.warm_up(&buckets).unwrap();
         // A fresh measurement too (not this process's cached one): the timing runs.
         auto.select(&buckets, true).unwrap();

@@ -352,3 +352,54 @@ fn kiln_import_pytorch_then_kiln_predict_with_every_engine() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--map nonsense"));
 }
+
+#[test]
+fn a_weight_that_is_not_finite_is_refused_naming_the_tensor_and_index() {
+    for (value, shown) in [
+        (f32::NAN, "NaN"),
+        (f32::INFINITY, "inf"),
+        (f32::NEG_INFINITY, "-inf"),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let mut sd = torch_state_dict(15);
+        // PyTorch layout [out, in]: output 4, input 2 of the second backbone layer.
+        let t = sd.get_mut("backbone.2.weight").unwrap();
+        let fan_in = t.shape[1];
+        t.data[4 * fan_in + 2] = value;
+        write_inputs(d.path(), &sd, false);
+        let e = job(d.path(), "c", vec![]).run().unwrap_err().to_string();
+        assert!(
+            e.contains("w.safetensors")
+                && e.contains(&format!(
+                    "tensor `backbone.2.weight` has {shown} at index [4, 2]"
+                )),
+            "{e}"
+        );
+        assert!(!d.path().join("c").exists(), "nothing sealed");
+        // The command says so too, with exit 2.
+        let o = kiln(
+            &[
+                "import",
+                "pytorch",
+                "--weights",
+                "w.safetensors",
+                "--config",
+                "cfg.yaml",
+                "--out",
+                "imported",
+            ],
+            d.path(),
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("backbone.2.weight"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}

@@ -465,3 +465,120 @@ fn a_polling_reader_never_sees_a_partial_version() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
     assert!(Checkpoint::load(&model_dir.join("21")).is_ok());
 }
+
+/// A promoter SIGKILLed after recording the promotion and copying the files, before the
+/// rename, leaves its temporary and an `installing` row; the next promotion removes the
+/// temporary, settles the row as `abandoned` and installs the version with its own row. A
+/// version is never in place without a row.
+#[test]
+fn a_killed_promotion_is_cleaned_up_and_settled_by_the_next() {
+    use std::os::unix::process::ExitStatusExt;
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (repo, db) = (tmp.path().join("repo"), tmp.path().join("runs.db"));
+    let run_dir = trained().parent().unwrap();
+    let killed = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .current_dir(crate::common::root())
+        .args(["promote", "--checkpoint"])
+        .arg(run_dir)
+        .arg("--repository")
+        .arg(&repo)
+        .args(["--model", "tiny", "--latency-ms", "100", "--registry"])
+        .arg(&db)
+        .env("KILN_FAULT", "kill@during-promote-install")
+        .output()
+        .unwrap();
+    assert_eq!(killed.status.signal(), Some(9), "{}", text(&killed));
+    let model_dir = repo.join("tiny");
+    let temps: Vec<String> = std::fs::read_dir(&model_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        temps.len() == 1 && temps[0].starts_with(".promote.tmp-"),
+        "{temps:?}"
+    );
+    assert_eq!(listing(&model_dir), Vec::<u64>::new());
+    let r = rows(&db);
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].decision.as_str(), r[0].version),
+        ("installing", Some(1))
+    );
+
+    let o = promote(run_dir, &repo, &db, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(listing(&model_dir), [1]);
+    same_files(&model_dir.join("1"), trained());
+    assert!(
+        !model_dir.join(&temps[0]).exists(),
+        "the dead promoter's temporary is gone"
+    );
+    let r = rows(&db);
+    assert_eq!(r.len(), 2);
+    assert_eq!((r[0].decision.as_str(), r[0].version), ("abandoned", None));
+    assert!(r[0].details["reconciled"].is_string(), "{:?}", r[0].details);
+    assert_eq!(
+        (r[1].decision.as_str(), r[1].version),
+        ("promoted", Some(1))
+    );
+}
+
+/// A promoter killed after the rename but before settling its row: the next promotion finds
+/// the version holding the candidate and settles the row as `promoted`; a live promoter's
+/// row and temporary are left alone.
+#[test]
+fn an_installing_row_whose_version_is_in_place_is_settled_as_promoted() {
+    use kiln::track::promote::{INSTALLING, reconcile_installing, remove_dead_temporaries};
+    use kiln::track::registry::PromotionRow;
+    let tmp = tempfile::tempdir().unwrap();
+    let (repo, db) = (tmp.path().join("repo"), tmp.path().join("runs.db"));
+    let model_dir = repo.join("tiny");
+    install_version(&model_dir, trained(), 1).unwrap();
+    let sha = Checkpoint::load(trained()).unwrap().manifest.weights.sha256;
+    let reg = Registry::open(&db).unwrap();
+    let row = |pid: u32| PromotionRow {
+        id: 0,
+        at: "2026-01-01T00:00:00Z".into(),
+        repository: repo.display().to_string(),
+        model: "tiny".into(),
+        candidate: trained().display().to_string(),
+        run_id: None,
+        incumbent_version: None,
+        version: Some(1),
+        decision: INSTALLING.into(),
+        details: serde_json::json!({"pid": pid, "candidate": {"weights_sha256": sha}}),
+    };
+    // A child that has exited: its pid is not alive.
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    reg.record_promotion(&row(dead)).unwrap();
+    reg.record_promotion(&row(std::process::id())).unwrap();
+    std::fs::create_dir(model_dir.join(format!(".promote.tmp-{dead}-2"))).unwrap();
+    std::fs::create_dir(model_dir.join(format!(".pruned-3-{dead}"))).unwrap();
+    let live = model_dir.join(format!(".promote.tmp-{}-2", std::process::id()));
+    std::fs::create_dir(&live).unwrap();
+
+    assert_eq!(reconcile_installing(&reg, &repo, "tiny").unwrap(), 1);
+    let r = reg.promotions(Some("tiny")).unwrap();
+    assert_eq!(
+        (r[0].decision.as_str(), r[0].version),
+        ("promoted", Some(1))
+    );
+    assert_eq!(
+        r[1].decision, INSTALLING,
+        "a live promoter's row is its own"
+    );
+    let mut removed = remove_dead_temporaries(&model_dir);
+    removed.sort();
+    assert_eq!(
+        removed,
+        [
+            format!(".promote.tmp-{dead}-2"),
+            format!(".pruned-3-{dead}")
+        ]
+    );
+    assert!(live.exists());
+    assert_eq!(listing(&model_dir), [1]);
+}

@@ -113,6 +113,14 @@ pub enum ArtifactError {
         /// Of the manifest's canonical form.
         actual: String,
     },
+    /// A weight, bias or normalisation statistic is NaN or infinite (or a std is not > 0).
+    #[error("{path}: {message}")]
+    NotFinite {
+        /// The weights file or manifest.
+        path: PathBuf,
+        /// Which tensor and index, or which statistic, and what was expected.
+        message: String,
+    },
     /// The safetensors file does not parse.
     #[error("{path}: invalid safetensors file: {message}")]
     Weights {
@@ -357,6 +365,15 @@ impl HostWeights {
                 )));
             }
         }
+        for (name, _) in &expected {
+            let t = &tensors[name];
+            if let Some(message) = non_finite(name, &t.shape, &t.data) {
+                return Err(ArtifactError::NotFinite {
+                    path: path.to_path_buf(),
+                    message,
+                });
+            }
+        }
         let mut layers = Vec::with_capacity(names.len());
         for (name, &(fan_in, fan_out)) in names.iter().zip(&shapes) {
             let t = tensors
@@ -389,6 +406,61 @@ impl HostWeights {
             logvar_head,
         })
     }
+}
+
+/// `None` when every value is finite, else which one is not: "tensor `NAME` has VALUE at
+/// index [i, j] (flat k); …" (the index in `shape`, PyTorch layout).
+pub fn non_finite(name: &str, shape: &[usize], data: &[f32]) -> Option<String> {
+    let flat = data.iter().position(|v| !v.is_finite())?;
+    let mut idx = vec![0; shape.len()];
+    let mut rest = flat;
+    for (d, &n) in shape.iter().enumerate().rev() {
+        if n > 0 {
+            idx[d] = rest % n;
+            rest /= n;
+        }
+    }
+    let idx: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
+    Some(format!(
+        "tensor `{name}` has {} at index [{}] (flat {flat}); every weight and bias must be finite",
+        data[flat],
+        idx.join(", ")
+    ))
+}
+
+impl HostWeights {
+    /// `Err(message)` naming the first tensor and index (PyTorch names and layout) whose
+    /// value is NaN or infinite.
+    pub fn check_finite(&self) -> Result<(), String> {
+        for (name, t) in self.to_tensors() {
+            if let Some(m) = non_finite(&name, &t.shape, &t.data) {
+                return Err(m);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `Err(message)` when a feature's or target's mean is not finite or its std is not finite
+/// and > 0 (a std of 0 gives NaN everywhere, a negative one negative standard deviations).
+pub fn check_stats(features: &[ColumnStats], targets: &[ColumnStats]) -> Result<(), String> {
+    for (kind, list) in [("features", features), ("targets", targets)] {
+        for (i, s) in list.iter().enumerate() {
+            if !s.mean.is_finite() {
+                return Err(format!(
+                    "{kind}[{i}] (`{}`): mean is {}, expected a finite number",
+                    s.name, s.mean
+                ));
+            }
+            if !(s.std.is_finite() && s.std > 0.0) {
+                return Err(format!(
+                    "{kind}[{i}] (`{}`): std is {}, expected a finite number > 0",
+                    s.name, s.std
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A tensor on the host: its shape and f32 values, row-major.
@@ -780,6 +852,12 @@ fn verify_content(
             arch.n_targets
         )));
     }
+    check_stats(&manifest.features, &manifest.targets).map_err(|message| {
+        ArtifactError::NotFinite {
+            path: mpath.to_path_buf(),
+            message: format!("invalid normalisation: {message}"),
+        }
+    })?;
     let wpath = dir.join(&manifest.weights.file);
     let bytes = std::fs::read(&wpath).map_err(|source| ArtifactError::Io {
         path: wpath.clone(),
@@ -861,6 +939,18 @@ pub fn export(
         let path = path.to_path_buf();
         move |source| ArtifactError::Io { path, source }
     };
+    weights
+        .check_finite()
+        .map_err(|message| ArtifactError::NotFinite {
+            path: dest.join(WEIGHTS_FILE),
+            message,
+        })?;
+    check_stats(&manifest.features, &manifest.targets).map_err(|message| {
+        ArtifactError::NotFinite {
+            path: dest.join(MANIFEST_FILE),
+            message: format!("invalid normalisation: {message}"),
+        }
+    })?;
     let parent = dest.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
     let name = dest

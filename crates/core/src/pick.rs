@@ -224,7 +224,7 @@ pub fn read_rows(
             let v = f_idx
                 .iter()
                 .zip(&features)
-                .map(|(&j, f)| t.parse_cell(&row[j], line, f).map(|v| v as f32))
+                .map(|(&j, f)| t.parse_cell_f32(&row[j], line, f))
                 .collect::<Result<Vec<f32>, _>>()?;
             rows.insert(k, v);
         }

@@ -23,6 +23,22 @@ pub enum PredictError {
     /// The engine failed.
     #[error(transparent)]
     Infer(#[from] InferError),
+    /// A prediction is NaN or infinite (never written to the output).
+    #[error(
+        "{path}:{line}: row {row}: the prediction `{column}` is {value} (not finite); nothing was written"
+    )]
+    NonFiniteOutput {
+        /// The input file.
+        path: std::path::PathBuf,
+        /// 1-based line of the row in the input.
+        line: u64,
+        /// 1-based data row.
+        row: usize,
+        /// The output column (`<target>_mean` or `<target>_std`).
+        column: String,
+        /// The value.
+        value: f32,
+    },
     /// Writing the output failed.
     #[error("{path}: {source}")]
     Io {
@@ -166,6 +182,23 @@ pub fn predict_csv(
     for start in (0..rows).step_by(CHUNK) {
         let end = (start + CHUNK).min(rows);
         predictor.predict_into(&x[start * nf..end * nf], end - start, &mut pred)?;
+        if let Some(o) =
+            (0..pred.mean.len()).find(|&o| !(pred.mean[o].is_finite() && pred.std[o].is_finite()))
+        {
+            let r = start + o / k;
+            let (column, value) = if pred.mean[o].is_finite() {
+                (format!("{}_std", targets[o % k]), pred.std[o])
+            } else {
+                (format!("{}_mean", targets[o % k]), pred.mean[o])
+            };
+            return Err(PredictError::NonFiniteOutput {
+                path: input.to_path_buf(),
+                line: table.lines[r],
+                row: r + 1,
+                column,
+                value,
+            });
+        }
         for r in start..end {
             let mut first = true;
             for &i in &passthrough {
@@ -213,6 +246,34 @@ pub fn write_output(text: &str, output: Option<&Path>) -> Result<(), PredictErro
                 })
         }
     }
+}
+
+/// Largest |Δ| between `engine`'s predictions and `fused`'s on every row of `input`, in
+/// original units: `(max |Δmean|, max |Δstd|, rows)`. What `kiln predict` prints for a
+/// quantised engine (`int8`, `auto-int8`), so that the quantisation is never silent.
+pub fn max_delta_vs_fused(
+    ckpt: &Checkpoint,
+    input: &Path,
+    engine: &str,
+) -> Result<(f32, f32, usize), PredictError> {
+    let table = CsvTable::read(input)?;
+    let x = table.numeric_matrix(&ckpt.manifest.feature_names())?;
+    let rows = table.rows.len();
+    let mut q =
+        Predictor::for_checkpoint(ckpt, crate::infer::build_engine(engine, &ckpt.weights, 1)?);
+    let mut f =
+        Predictor::for_checkpoint(ckpt, crate::infer::build_engine("fused", &ckpt.weights, 1)?);
+    let (a, b) = (q.predict(&x, rows)?, f.predict(&x, rows)?);
+    let worst = |u: &[f32], v: &[f32]| {
+        u.iter()
+            .zip(v)
+            .map(|(p, r)| (p - r).abs())
+            .fold(
+                0f32,
+                |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+            )
+    };
+    Ok((worst(&a.mean, &b.mean), worst(&a.std, &b.std), rows))
 }
 
 /// The int8 accuracy report of a checkpoint on the test split of `data_cfg` (the dataset

@@ -30,7 +30,11 @@
 //! version is renamed to a dot-directory first, so it disappears from a scan at once.
 //!
 //! Every decision (promoted or refused, with the numbers) is recorded in the run registry's
-//! `promotions` table, except in a dry run, which only measures and compares.
+//! `promotions` table, except in a dry run, which only measures and compares. A promotion is
+//! recorded as `installing` *before* its version is renamed into place and settled as
+//! `promoted` after, so a promoter killed in between never leaves a version without a row:
+//! the next promotion of the model settles such a row (`promoted` when the version holds the
+//! candidate, else `abandoned`) and removes the temporaries of promoters that are gone.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -711,6 +715,7 @@ pub fn install_version(model_dir: &Path, from: &Path, version: u64) -> Result<u6
     if created && let Some(parent) = model_dir.parent() {
         util::sync_dir(parent).map_err(io(parent))?;
     }
+    remove_dead_temporaries(model_dir);
     let tmp = model_dir.join(format!(".promote.tmp-{}-{version}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
@@ -729,6 +734,7 @@ pub fn install_version(model_dir: &Path, from: &Path, version: u64) -> Result<u6
                 .map_err(io(&dest))?;
         }
         util::sync_dir(&tmp).map_err(io(&tmp))?;
+        util::fault::point("during-promote-install");
         let mut v = version;
         loop {
             let dest = model_dir.join(v.to_string());
@@ -758,6 +764,93 @@ pub fn install_version(model_dir: &Path, from: &Path, version: u64) -> Result<u6
     }
     result
 }
+
+/// Remove the temporaries (`.promote.tmp-<pid>-<v>`, `.pruned-<v>-<pid>`) that promoters
+/// killed mid-way left in `model_dir`: those whose process is no longer running. A live
+/// promoter's are left alone. Returns the names removed.
+pub fn remove_dead_temporaries(model_dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(model_dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = if let Some(rest) = name.strip_prefix(".promote.tmp-") {
+            rest.split('-').next()
+        } else if let Some(rest) = name.strip_prefix(".pruned-") {
+            rest.rsplit('-').next()
+        } else {
+            None
+        };
+        let Some(pid) = pid.and_then(|p| p.parse::<i64>().ok()) else {
+            continue;
+        };
+        if pid as u32 == std::process::id() || util::process_alive(pid, None) {
+            continue;
+        }
+        match std::fs::remove_dir_all(e.path()) {
+            Ok(()) => {
+                tracing::info!(
+                    "{}: removed the temporary of a promoter that is gone (pid {pid})",
+                    e.path().display()
+                );
+                removed.push(name);
+            }
+            Err(err) => tracing::warn!("{}: cannot remove: {err}", e.path().display()),
+        }
+    }
+    removed
+}
+
+/// Settle the `installing` rows of `model` in `repository` whose promoter is gone (killed
+/// between recording and finishing): `promoted` when its version directory holds the
+/// candidate's weights (the rename happened), else `abandoned` with no version. Returns
+/// how many rows were settled.
+pub fn reconcile_installing(
+    registry: &Registry,
+    repository: &Path,
+    model: &str,
+) -> Result<usize, PromoteError> {
+    let repo = repository.display().to_string();
+    let mut n = 0;
+    for row in registry.promotions(Some(model))? {
+        if row.decision != INSTALLING || row.repository != repo {
+            continue;
+        }
+        let pid = row.details["pid"].as_i64().unwrap_or(0);
+        let start = row.details["pid_start"].as_i64();
+        if pid as u32 == std::process::id() || util::process_alive(pid, start) {
+            continue;
+        }
+        let sha = row.details["candidate"]["weights_sha256"].as_str();
+        let installed = row.version.filter(|&v| {
+            v > 0
+                && crate::artifact::read_manifest(&repository.join(model).join(v.to_string()))
+                    .is_ok_and(|m| Some(m.weights.sha256.as_str()) == sha)
+        });
+        let mut details = row.details.clone();
+        details["reconciled"] = serde_json::json!(format!(
+            "the promoter (pid {pid}) stopped before settling this row; settled by pid {}",
+            std::process::id()
+        ));
+        let decision = if installed.is_some() {
+            "promoted"
+        } else {
+            "abandoned"
+        };
+        registry.settle_promotion(row.id, decision, installed, &details)?;
+        tracing::warn!(
+            "promotion {} of {model}: its promoter is gone; recorded as {decision}{}",
+            row.id,
+            installed.map_or(String::new(), |v| format!(" (version {v} is in place)"))
+        );
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The decision of a promotion recorded before its version is renamed into place.
+pub const INSTALLING: &str = "installing";
 
 /// Remove all but the `keep` highest versions of `model_dir`, never one in `protect`. Each
 /// is renamed to a dot-directory first (gone from a scan at once), then deleted. Returns the
@@ -1126,22 +1219,27 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
     if opts.dry_run {
         return Ok(promotion);
     }
-    if promotion.decision.promoted {
-        let next = existing.last().map_or(1, |(v, _)| v + 1);
-        let v = install_version(&model_dir, &cand_dir, next)?;
-        promotion.version = Some(v);
-        if let Some(keep) = opts.keep {
-            let mut protect = vec![v];
-            protect.extend(incumbent_version);
-            promotion.pruned = prune(&model_dir, keep, &protect)?;
-        }
-    }
     let registry_path = opts
         .registry
         .clone()
         .unwrap_or_else(|| loaded.config.registry_path());
     let registry = Registry::open(&registry_path)?;
-    let row = PromotionRow {
+    reconcile_installing(&registry, &opts.repository, &opts.model)?;
+    remove_dead_temporaries(&model_dir);
+    let details = |p: &Promotion| {
+        let me = std::process::id();
+        serde_json::json!({
+            "engine": p.engine,
+            "gates": opts.gates,
+            "checks": p.decision.checks,
+            "candidate": p.candidate_measurement,
+            "incumbent": p.incumbent_measurement,
+            "pruned": p.pruned,
+            "pid": me,
+            "pid_start": util::process_start(me),
+        })
+    };
+    let mut row = PromotionRow {
         id: 0,
         at: util::rfc3339(util::unix_now()),
         repository: opts.repository.display().to_string(),
@@ -1151,15 +1249,35 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         incumbent_version: incumbent_version.map(|v| v as i64),
         version: promotion.version.map(|v| v as i64),
         decision: promotion.decision.outcome.word().into(),
-        details: serde_json::json!({
-            "engine": promotion.engine,
-            "gates": opts.gates,
-            "checks": promotion.decision.checks,
-            "candidate": promotion.candidate_measurement,
-            "incumbent": promotion.incumbent_measurement,
-            "pruned": promotion.pruned,
-        }),
+        details: details(&promotion),
     };
-    promotion.registry_id = Some(registry.record_promotion(&row)?);
+    if !promotion.decision.promoted {
+        promotion.registry_id = Some(registry.record_promotion(&row)?);
+        return Ok(promotion);
+    }
+    // Recorded before the version appears, settled after: a promoter killed in between
+    // leaves an `installing` row that the next promotion settles (reconcile_installing),
+    // never a version without a row.
+    let next = existing.last().map_or(1, |(v, _)| v + 1);
+    row.decision = INSTALLING.into();
+    row.version = Some(next as i64);
+    let id = registry.record_promotion(&row)?;
+    promotion.registry_id = Some(id);
+    let v = match install_version(&model_dir, &cand_dir, next) {
+        Ok(v) => v,
+        Err(e) => {
+            let mut d = details(&promotion);
+            d["error"] = serde_json::json!(e.to_string());
+            registry.settle_promotion(id, "abandoned", None, &d)?;
+            return Err(e);
+        }
+    };
+    promotion.version = Some(v);
+    if let Some(keep) = opts.keep {
+        let mut protect = vec![v];
+        protect.extend(incumbent_version);
+        promotion.pruned = prune(&model_dir, keep, &protect)?;
+    }
+    registry.settle_promotion(id, "promoted", Some(v as i64), &details(&promotion))?;
     Ok(promotion)
 }

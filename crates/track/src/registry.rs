@@ -482,7 +482,7 @@ impl Registry {
     pub fn reap_stale_at(&self, now: f64, timeout: Duration) -> Result<usize, RegistryError> {
         let host = hostname();
         let rows = self.query(
-            "SELECT id, host, pid, pid_start, heartbeat_at FROM runs WHERE status = 'running'",
+            "SELECT id, host, pid, pid_start, heartbeat_at, run_dir FROM runs WHERE status = 'running'",
             &[],
         )?;
         let mut n = 0;
@@ -506,6 +506,19 @@ impl Registry {
                 })
             };
             if let Some(reason) = reason {
+                if run_host == host {
+                    // The run's own run.json says `running` too: mark it as well.
+                    let dir = crate::records::RunDir {
+                        id: id.clone(),
+                        path: PathBuf::from(row[5].text().unwrap_or_default()),
+                    };
+                    if let Err(e) = dir.mark_if_abandoned() {
+                        tracing::warn!(
+                            "{}: cannot mark the run abandoned: {e}",
+                            dir.path.display()
+                        );
+                    }
+                }
                 n += self.execute(
                     "UPDATE runs SET status = 'killed', reason = ?2, ended_at = ?3
                      WHERE id = ?1 AND status = 'running'",
@@ -718,6 +731,27 @@ impl Registry {
             .and_then(|r| r.first())
             .and_then(Value::int)
             .unwrap_or(0))
+    }
+
+    /// Set a recorded promotion's decision, version and details (a promotion is recorded as
+    /// `installing` before its version is renamed into place, then settled).
+    pub fn settle_promotion(
+        &self,
+        id: i64,
+        decision: &str,
+        version: Option<i64>,
+        details: &serde_json::Value,
+    ) -> Result<(), RegistryError> {
+        self.execute(
+            "UPDATE promotions SET decision = ?1, version = ?2, details = ?3 WHERE id = ?4",
+            &[
+                decision.into(),
+                version.into(),
+                details.to_string().into(),
+                id.into(),
+            ],
+        )?;
+        Ok(())
     }
 
     /// Promotion decisions, oldest first; of one model when `model` is given.

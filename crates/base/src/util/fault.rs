@@ -34,6 +34,9 @@ pub const POINTS: &[&str] = &[
     "during-latency",
     // Everything is done but run.json does not say `finished` yet.
     "before-finished",
+    // `kiln promote`: the promotion is recorded as `installing` and the candidate's files
+    // are copied into `.promote.tmp-<pid>-<v>`, not yet renamed to the version.
+    "during-promote-install",
 ];
 
 struct Spec {

@@ -46,8 +46,8 @@ impl LatencyReport {
     }
 }
 
-/// The engine the serving tier uses by default: `auto` (the fastest CPU engine per batch
-/// size, see `kiln_core::infer::auto`).
+/// The engine the serving tier uses by default: `auto` (the fastest exact CPU engine, see
+/// `kiln_core::infer::auto`).
 pub fn serving_engine() -> &'static str {
     crate::infer::auto::AUTO
 }

@@ -83,6 +83,20 @@ pub enum DataError {
         /// The cell text.
         value: String,
     },
+    /// A cell is finite as f64 but not as the f32 the model computes in (|x| > f32::MAX).
+    #[error(
+        "{path}:{line}: column `{column}`: expected a number within f32's range (|x| ≤ 3.4028235e38), got {value:?} (infinite in f32)"
+    )]
+    OutOfF32Range {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: u64,
+        /// The column.
+        column: String,
+        /// The cell text.
+        value: String,
+    },
     /// The file has a header but no data rows.
     #[error("{path}: no data rows")]
     Empty {
@@ -233,7 +247,24 @@ impl CsvTable {
         })
     }
 
-    /// Several columns parsed as numbers, stored row-major as f32 (`rows × names.len()`).
+    /// Parse one cell as a number that is finite after conversion to f32 (3.5e38 is finite
+    /// in f64 but infinite in f32: [`DataError::OutOfF32Range`]).
+    pub fn parse_cell_f32(&self, cell: &str, line: u64, column: &str) -> Result<f32, DataError> {
+        let v = self.parse_cell(cell, line, column)? as f32;
+        if v.is_finite() {
+            Ok(v)
+        } else {
+            Err(DataError::OutOfF32Range {
+                path: self.path.clone(),
+                line,
+                column: column.to_string(),
+                value: cell.to_string(),
+            })
+        }
+    }
+
+    /// Several columns parsed as numbers, stored row-major as f32 (`rows × names.len()`);
+    /// a value that is finite but not in f32 ([`DataError::OutOfF32Range`]) is refused.
     pub fn numeric_matrix(&self, names: &[String]) -> Result<Vec<f32>, DataError> {
         let idx: Vec<usize> = names
             .iter()
@@ -242,7 +273,7 @@ impl CsvTable {
         let mut out = Vec::with_capacity(self.rows.len() * names.len());
         for (row, &line) in self.rows.iter().zip(&self.lines) {
             for (&i, name) in idx.iter().zip(names) {
-                out.push(self.parse_cell(&row[i], line, name)? as f32);
+                out.push(self.parse_cell_f32(&row[i], line, name)?);
             }
         }
         Ok(out)
@@ -278,6 +309,15 @@ mod tests {
         let e = tab.numeric_column("b").unwrap_err().to_string();
         assert!(
             e.contains("rows.csv:2: column `b`: expected a finite number"),
+            "{e}"
+        );
+        let tab = t("a,b\n1,2\n3.5e38,1\n").unwrap();
+        let e = tab.numeric_matrix(&["b".into(), "a".into()]).unwrap_err();
+        assert!(matches!(e, DataError::OutOfF32Range { line: 3, .. }), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.starts_with("rows.csv:3: column `a`: expected a number within f32's range")
+                && e.contains("\"3.5e38\""),
             "{e}"
         );
         let tab = t("a,b\n1,\n").unwrap();

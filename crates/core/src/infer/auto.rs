@@ -1,10 +1,20 @@
-//! `auto`: the fastest CPU engine for this checkpoint on this machine, per batch-size bucket.
+//! `auto` and `auto-int8`: the engine chosen for this checkpoint on this machine.
 //!
-//! [`AutoEngine`] builds every compiled CPU engine (`fused`, `int8`), drops those whose
-//! accuracy bound does not hold for this checkpoint, times the rest on each warm-up batch
-//! size and then answers every call with the engine that was fastest for that call's
-//! bucket (the smallest warmed batch size ≥ the call's rows, else the largest). Its outputs
-//! are those of the chosen engine, bit for bit.
+//! * **`auto`** (the default everywhere) chooses only among *exact* engines, those that
+//!   compute the f32 model: today that is `fused` on the best instruction set of this CPU
+//!   (whose kernels give a row the same bits whatever the batch size or the row's position
+//!   in it, see [`super::fused`]). So a row's answer never depends on what it was batched
+//!   with, and it equals `--engine fused` bit for bit. Nothing is timed.
+//! * **`auto-int8`** (explicit only) may also pick the quantised `int8` engine per
+//!   batch-size bucket: [`AutoEngine::with_int8`] builds every compiled CPU engine (`fused`,
+//!   `int8`), drops those whose accuracy bound does not hold for this checkpoint, times the
+//!   rest on each warm-up batch size and then answers every call with the engine that was
+//!   fastest for that call's bucket (the smallest warmed batch size ≥ the call's rows, else
+//!   the largest). Its outputs are those of the chosen engine, bit for bit — so a row's
+//!   answer may depend on the size of the batch it came in. Its summary line carries int8's
+//!   measured max |Δ| vs `fused` on the probe rows.
+//!
+//! For `auto-int8`:
 //!
 //! * **Candidates.** `fused` always; `int8` when its outputs on [`PROBE_ROWS`] seeded
 //!   N(0, 1.5²) rows (normalised units) plus the all-zeros row (the training means) are within
@@ -38,8 +48,15 @@ use crate::artifact::HostWeights;
 use crate::model::RegressionNetConfig;
 use crate::rng::SplitMix64;
 
-/// The engine's name.
+/// The exact automatic choice's name (the default engine).
 pub const AUTO: &str = "auto";
+
+/// The name of the automatic choice that may pick int8.
+pub const AUTO_INT8: &str = "auto-int8";
+
+/// Why `auto` leaves int8 out (listed in its choice's `rejected`).
+pub const NOT_EXACT: &str =
+    "not exact (auto chooses only engines that compute the f32 model; use auto-int8 or int8)";
 
 /// Buckets selected at build, before any `warm_up` names the real ones.
 pub const DEFAULT_BUCKETS: [usize; 3] = [1, 32, 1024];
@@ -87,6 +104,11 @@ pub struct AutoChoice {
     pub buckets: Vec<BucketChoice>,
     /// Wall time of the selection in ms (0 when reused from an earlier selection).
     pub selection_ms: f64,
+    /// The automatic choice's name (`auto` or `auto-int8`).
+    pub mode: String,
+    /// For `auto-int8` with int8 a candidate: int8's largest |Δ| vs `fused` on the probe
+    /// rows (normalised units, both heads).
+    pub int8_max_abs_delta: Option<f32>,
 }
 
 impl AutoChoice {
@@ -111,7 +133,8 @@ impl AutoChoice {
             })
             .collect();
         let mut s = format!(
-            "auto engine: {} ({} thread(s), chosen in {:.1} ms among {})",
+            "{} engine: {} ({} thread(s), chosen in {:.1} ms among {})",
+            self.mode,
             picks.join(" "),
             self.threads,
             self.selection_ms,
@@ -119,6 +142,12 @@ impl AutoChoice {
         );
         for (e, why) in &self.rejected {
             s.push_str(&format!("; {e} left out: {why}"));
+        }
+        if let Some(d) = self.int8_max_abs_delta {
+            s.push_str(&format!(
+                "; int8 is quantised: max |Δ| vs fused {d:.3e} (normalised units, {} probe rows)",
+                PROBE_ROWS + 1
+            ));
         }
         s
     }
@@ -152,6 +181,7 @@ fn bucket_index(buckets: &[BucketChoice], rows: usize) -> usize {
 
 /// An engine that dispatches each call to the fastest candidate for its batch size.
 pub struct AutoEngine {
+    int8: bool,
     arch: RegressionNetConfig,
     threads: usize,
     fingerprint: u64,
@@ -161,7 +191,8 @@ pub struct AutoEngine {
     choice: AutoChoice,
 }
 
-type Key = (u64, usize, Vec<usize>);
+/// (weights, threads, buckets, int8 allowed).
+type Key = (u64, usize, Vec<usize>, bool);
 
 static SELECTIONS: Mutex<Vec<(Key, AutoChoice)>> = Mutex::new(Vec::new());
 
@@ -183,35 +214,55 @@ pub fn choice_for(weights: &HostWeights, threads: usize, buckets: &[usize]) -> O
     let mut b: Vec<usize> = buckets.iter().copied().filter(|&b| b > 0).collect();
     b.sort_unstable();
     b.dedup();
-    let key: Key = (fingerprint(weights), threads.max(1), b);
+    let key = (fingerprint(weights), threads.max(1), b);
     let s = SELECTIONS.lock().unwrap_or_else(|p| p.into_inner());
-    s.iter().find(|(k, _)| *k == key).map(|(_, c)| c.clone())
+    s.iter()
+        .rev()
+        .find(|(k, _)| (k.0, k.1, &k.2) == (key.0, key.1, &key.2))
+        .map(|(_, c)| c.clone())
 }
 
 impl AutoEngine {
-    /// Build the candidates for `weights` (`threads` per call, 0 = 1), check their accuracy
-    /// and select on [`DEFAULT_BUCKETS`] (or reuse this process's selection for them).
+    /// `auto`: the exact engines for `weights` (`threads` per call, 0 = 1), selected on
+    /// [`DEFAULT_BUCKETS`]. Every call runs `fused` on this CPU's best instruction set.
     pub fn new(weights: &HostWeights, threads: usize) -> Result<Self, InferError> {
-        let mut me = Self::unselected(weights, threads)?;
+        let mut me = Self::unselected(weights, threads, false)?;
+        me.select(&DEFAULT_BUCKETS, false)?;
+        Ok(me)
+    }
+
+    /// `auto-int8`: build the candidates (int8 too), check their accuracy and select on
+    /// [`DEFAULT_BUCKETS`] (or reuse this process's selection for them).
+    pub fn with_int8(weights: &HostWeights, threads: usize) -> Result<Self, InferError> {
+        let mut me = Self::unselected(weights, threads, true)?;
         me.select(&DEFAULT_BUCKETS, false)?;
         Ok(me)
     }
 
     /// The candidates, accuracy checked, nothing timed yet (everything on `fused`).
-    fn unselected(weights: &HostWeights, threads: usize) -> Result<Self, InferError> {
+    fn unselected(weights: &HostWeights, threads: usize, int8: bool) -> Result<Self, InferError> {
         let fused = FusedEngine::new(weights, threads)?;
         let threads = fused.threads();
         let mut engines: Vec<Box<dyn Engine>> = vec![Box::new(fused)];
         let mut rejected = Vec::new();
-        match Int8Engine::new(weights, threads) {
-            Ok(e) => match int8_holds(engines[0].as_mut(), Box::new(e))? {
-                Ok(e) => engines.push(e),
-                Err(why) => rejected.push(("int8".to_string(), why)),
-            },
-            Err(e) => rejected.push(("int8".to_string(), e.to_string())),
+        let mut int8_max_abs_delta = None;
+        if !int8 {
+            rejected.push(("int8".to_string(), NOT_EXACT.to_string()));
+        } else {
+            match Int8Engine::new(weights, threads) {
+                Ok(e) => match int8_holds(engines[0].as_mut(), Box::new(e))? {
+                    Ok((e, d)) => {
+                        engines.push(e);
+                        int8_max_abs_delta = Some(d);
+                    }
+                    Err(why) => rejected.push(("int8".to_string(), why)),
+                },
+                Err(e) => rejected.push(("int8".to_string(), e.to_string())),
+            }
         }
         let candidates = engines.iter().map(|e| e.name()).collect();
         Ok(Self {
+            int8,
             arch: weights.arch.clone(),
             threads,
             fingerprint: fingerprint(weights),
@@ -228,6 +279,8 @@ impl AutoEngine {
                     median_us: Vec::new(),
                 }],
                 selection_ms: 0.0,
+                mode: if int8 { AUTO_INT8 } else { AUTO }.into(),
+                int8_max_abs_delta,
             },
         })
     }
@@ -246,7 +299,7 @@ impl AutoEngine {
         if buckets.is_empty() {
             buckets = DEFAULT_BUCKETS.to_vec();
         }
-        let key: Key = (self.fingerprint, self.threads, buckets.clone());
+        let key: Key = (self.fingerprint, self.threads, buckets.clone(), self.int8);
         let reused = if fresh {
             None
         } else {
@@ -347,17 +400,19 @@ impl AutoEngine {
             threads: self.threads,
             buckets: chosen,
             selection_ms: start.elapsed().as_secs_f64() * 1e3,
+            mode: self.choice.mode.clone(),
+            int8_max_abs_delta: self.choice.int8_max_abs_delta,
         })
     }
 }
 
 static NOTICED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
-/// For a model forced onto `int8`: one line saying where `int8` is slower than `fused` for
-/// these weights on this CPU (timed as `auto` times them, on `buckets`) or fails its accuracy
-/// bound, so that the slower engine is not run silently; `None` when it is faster everywhere,
-/// and after the first call for these weights in this process (so a line per model, not per
-/// instance).
+/// For a model forced onto `int8`: one line with int8's measured max |Δ| vs `fused` on the
+/// probe rows, and where `int8` is slower than `fused` for these weights on this CPU (timed
+/// as `auto-int8` times them, on `buckets`) or fails its accuracy bound, so that neither the
+/// quantisation nor a slower engine runs silently; `None` after the first call for these
+/// weights in this process (so a line per model, not per instance).
 pub fn int8_notice_once(
     weights: &HostWeights,
     threads: usize,
@@ -371,7 +426,7 @@ pub fn int8_notice_once(
         }
         n.push(f);
     }
-    let mut a = AutoEngine::unselected(weights, threads)?;
+    let mut a = AutoEngine::unselected(weights, threads, true)?;
     if let Some((_, why)) = a.choice.rejected.iter().find(|(e, _)| e == "int8") {
         return Ok(Some(format!(
             "note: int8 is not a good fit for this model on this CPU ({why}): use fused or auto"
@@ -381,6 +436,11 @@ pub fn int8_notice_once(
     let Some(q) = a.choice.candidates.iter().position(|c| c == "int8") else {
         return Ok(None);
     };
+    let bound = format!(
+        "note: int8 is quantised: max |Δ| vs fused {:.3e} (normalised units, {} probe rows)",
+        a.choice.int8_max_abs_delta.unwrap_or(f32::NAN),
+        PROBE_ROWS + 1
+    );
     let slower: Vec<String> = a
         .choice
         .buckets
@@ -394,9 +454,11 @@ pub fn int8_notice_once(
             )
         })
         .collect();
-    Ok((!slower.is_empty()).then(|| {
+    Ok(Some(if slower.is_empty() {
+        bound
+    } else {
         format!(
-            "note: int8 is slower than fused on this CPU for this model at {}: use fused or auto there",
+            "{bound}; int8 is slower than fused on this CPU for this model at {}: use fused or auto there",
             slower.join(", ")
         )
     }))
@@ -412,12 +474,13 @@ fn probe_rows(nf: usize) -> Vec<f32> {
     x
 }
 
-/// `Ok(int8)` when its outputs on the probe are within the documented bound of `fused`'s,
-/// else `Err(why)`.
+/// `Ok((int8, max |Δ|))` when its outputs on the probe are within the documented bound of
+/// `fused`'s, else `Err(why)`.
+#[allow(clippy::type_complexity)]
 fn int8_holds(
     fused: &mut dyn Engine,
     mut int8: Box<dyn Engine>,
-) -> Result<Result<Box<dyn Engine>, String>, InferError> {
+) -> Result<Result<(Box<dyn Engine>, f32), String>, InferError> {
     let nf = fused.arch().n_features;
     let x = probe_rows(nf);
     let rows = PROBE_ROWS + 1;
@@ -434,8 +497,18 @@ fn int8_holds(
             0f32,
             |m, v| if v.is_nan() { f32::INFINITY } else { m.max(v) },
         );
+    let max_abs = b
+        .mean
+        .iter()
+        .chain(&b.log_var)
+        .zip(a.mean.iter().chain(&a.log_var))
+        .map(|(q, f)| (q - f).abs())
+        .fold(
+            0f32,
+            |m, v| if v.is_nan() { f32::INFINITY } else { m.max(v) },
+        );
     if worst <= 1.0 {
-        Ok(Ok(int8))
+        Ok(Ok((int8, max_abs)))
     } else {
         Ok(Err(format!(
             "its error on the probe rows is {worst:.2}× the documented bound \
@@ -474,7 +547,7 @@ fn fingerprint(w: &HostWeights) -> u64 {
 
 impl Engine for AutoEngine {
     fn name(&self) -> String {
-        AUTO.into()
+        self.choice.mode.clone()
     }
 
     fn arch(&self) -> &RegressionNetConfig {

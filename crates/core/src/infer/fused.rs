@@ -16,9 +16,15 @@
 //!   the activations stay feature-major from layer to layer, so only the input (20 values per
 //!   row) and the output (6 per row) are ever transposed.
 //! * **outputs in lanes** (`tile_r`, 1 to `small_rows − 1` rows, and short tails of big
-//!   batches). Each layer computes `MR` rows × `NV` output vectors; for a single row the `K`
-//!   loop is split over four independent accumulator sets so that the FMA latency chain does
-//!   not bound a batch-1 call.
+//!   batches). Each layer computes `MR` rows × `NV` output vectors.
+//!
+//! **Batch invariance.** Both kernels compute every output the same way: start from the
+//! bias, add `w[k] · x[k]` for `k = 0, 1, …` with one fused multiply-add each, then the
+//! activation (lane by lane, the same code in both). So on one instruction set a row's
+//! result is bit-identical whatever the batch size, the row's position in the batch, the
+//! kernel, tile or lane it lands in, and the thread count (`tests/it/exact.rs` checks it on
+//! every instruction set of the CPU). Different instruction sets may differ in the last
+//! bits (the portable path multiplies and adds separately).
 //!
 //! With `threads > 1`, batches of at least [`PAR_MIN_ROWS`] rows are split into contiguous
 //! row ranges (multiples of the block) run on a per-engine rayon pool, each range with its
@@ -359,8 +365,7 @@ unsafe fn layer_t_dispatch<S: F32x>(
 }
 
 /// One tile, outputs in lanes: `MR` rows × `NV` vectors of outputs starting at column
-/// `col`; `xin` rows have stride `xs`, `xout` rows stride `os`. With `MR == 1` the `K` loop
-/// runs four independent accumulator sets (latency, not throughput, bounds one row).
+/// `col`; `xin` rows have stride `xs`, `xout` rows stride `os`.
 #[inline(always)]
 unsafe fn tile_r<S: F32x, const MR: usize, const NV: usize>(
     s: S,
@@ -373,52 +378,25 @@ unsafe fn tile_r<S: F32x, const MR: usize, const NV: usize>(
 ) {
     unsafe {
         let wbase = l.w_r.as_ptr().add(col);
+        // Every output starts from its bias and adds `x[k] · w[k]` for k = 0, 1, … with one
+        // FMA each: the order `layer_t` uses too, so a row's bits do not depend on which
+        // kernel, tile or lane it lands in (batch invariance; see the module docs).
         let mut acc = [[s.zero(); NV]; MR];
-        if MR == 1 {
-            let mut part = [[s.zero(); NV]; 4];
-            let mut kk = 0;
-            while kk + 4 <= l.k {
-                for (u, p) in part.iter_mut().enumerate() {
-                    let xb = s.splat(*xin.add(kk + u));
-                    let wp = wbase.add((kk + u) * l.nr);
-                    for (v, a) in p.iter_mut().enumerate() {
-                        *a = s.fma(xb, s.load(wp.add(v * S::LANES)), *a);
-                    }
-                }
-                kk += 4;
+        for row in acc.iter_mut() {
+            for (v, a) in row.iter_mut().enumerate() {
+                *a = s.load(l.b.as_ptr().add(col + v * S::LANES));
             }
-            while kk < l.k {
-                let xb = s.splat(*xin.add(kk));
-                let wp = wbase.add(kk * l.nr);
-                for (v, a) in part[0].iter_mut().enumerate() {
-                    *a = s.fma(xb, s.load(wp.add(v * S::LANES)), *a);
-                }
-                kk += 1;
+        }
+        for kk in 0..l.k {
+            let wp = wbase.add(kk * l.nr);
+            let mut w = [s.zero(); NV];
+            for (v, x) in w.iter_mut().enumerate() {
+                *x = s.load(wp.add(v * S::LANES));
             }
-            for v in 0..NV {
-                let b = s.load(l.b.as_ptr().add(col + v * S::LANES));
-                acc[0][v] = s.add(
-                    s.add(part[0][v], part[1][v]),
-                    s.add(s.add(part[2][v], part[3][v]), b),
-                );
-            }
-        } else {
-            for row in acc.iter_mut() {
-                for (v, a) in row.iter_mut().enumerate() {
-                    *a = s.load(l.b.as_ptr().add(col + v * S::LANES));
-                }
-            }
-            for kk in 0..l.k {
-                let wp = wbase.add(kk * l.nr);
-                let mut w = [s.zero(); NV];
-                for (v, x) in w.iter_mut().enumerate() {
-                    *x = s.load(wp.add(v * S::LANES));
-                }
-                for (m, row) in acc.iter_mut().enumerate() {
-                    let xb = s.splat(*xin.add(m * xs + kk));
-                    for (a, wv) in row.iter_mut().zip(w.iter()) {
-                        *a = s.fma(xb, *wv, *a);
-                    }
+            for (m, row) in acc.iter_mut().enumerate() {
+                let xb = s.splat(*xin.add(m * xs + kk));
+                for (a, wv) in row.iter_mut().zip(w.iter()) {
+                    *a = s.fma(xb, *wv, *a);
                 }
             }
         }

@@ -9,7 +9,8 @@
 //! | `burn`, `burn-ndarray` | the Burn module, no autodiff, Flex / NdArray | — |
 //! | `fused` | [`FusedEngine`]: compiled once into an allocation-free plan; register-blocked AVX-512 / AVX2 / portable kernels | ≤ 1e-5 absolute |
 //! | `int8` | [`Int8Engine`]: int8 weights per channel, int8 activations per row, i32 dot products (AVX-512 VNNI) | `int8::INT8_ABS_TOL` + `int8::INT8_REL_TOL` × abs(y) |
-//! | `auto` | [`AutoEngine`]: per batch-size bucket, the fastest of `fused` and `int8` (when int8's bound holds for the checkpoint), timed at load | that of the chosen engine (bit for bit) |
+//! | `auto` (default) | [`AutoEngine`]: the fastest *exact* engine: `fused` on this CPU's best instruction set; a row's bits never depend on the batch | that of `fused` (bit for bit) |
+//! | `auto-int8` | [`AutoEngine::with_int8`]: per batch-size bucket, the fastest of `fused` and `int8` (when int8's bound holds for the checkpoint), timed at load | that of the chosen engine (bit for bit) |
 //! | `cuda-bf16`, `cuda-f32` | `cuda::CudaEngine` (feature `cuda`): Burn's CUDA backend, every batch bucket warmed up at build | ≤ 1e-2 relative |
 //!
 //! Build one by name with [`build_engine`]; [`reference_weights`] gives the benchmarks'
@@ -191,8 +192,11 @@ pub fn cpu_engine_names() -> Vec<&'static str> {
 ///   backends manage their own threads; `threads` is ignored);
 /// * `fused`: [`FusedEngine`], the compiled f32 plan (≤ 1e-5 absolute of `burn`);
 /// * `int8`: [`Int8Engine`], per-channel int8 weights, per-row dynamic int8 activations;
-/// * `auto`: [`AutoEngine`], per batch-size bucket the fastest of the above compiled engines
-///   whose accuracy bound holds for `weights`, timed at build and again at `warm_up`;
+/// * `auto`: [`AutoEngine`], the fastest exact engine (`fused` on this CPU's best
+///   instruction set; a row's answer does not depend on the batch it is in);
+/// * `auto-int8`: [`AutoEngine::with_int8`], per batch-size bucket the fastest of the above
+///   compiled engines whose accuracy bound holds for `weights` (int8 included), timed at
+///   build and again at `warm_up`;
 /// * `cuda-bf16`, `cuda-f32` (feature `cuda`): Burn's CUDA backend, warmed up at build for
 ///   every batch bucket; [`InferError::Unavailable`] without a usable GPU.
 pub fn build_engine(
@@ -218,6 +222,7 @@ pub fn build_engine(
         K::Fused => Ok(Box::new(FusedEngine::new(weights, threads)?)),
         K::Int8 => Ok(Box::new(Int8Engine::new(weights, threads)?)),
         K::Auto => Ok(Box::new(AutoEngine::new(weights, threads)?)),
+        K::AutoInt8 => Ok(Box::new(AutoEngine::with_int8(weights, threads)?)),
         #[cfg(feature = "cuda")]
         K::CudaBf16 => Ok(Box::new(cuda::CudaEngine::<crate::backend::CudaBf16>::new(
             weights,

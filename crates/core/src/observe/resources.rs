@@ -113,10 +113,68 @@ impl Trace {
         self.samples.iter().map(|s| s.rss_mb).fold(0.0, f64::max)
     }
 
+    /// A trace read back from [`Trace::to_csv`]'s text (samples only: markers are not in
+    /// the CSV, the `stage` column is). `None` when the header is not this format's; lines
+    /// that do not parse (a torn last line) are skipped.
+    pub fn from_csv(text: &str) -> Option<Self> {
+        let mut lines = text.lines();
+        if lines.next()? != CSV_HEADER {
+            return None;
+        }
+        let num = |c: &str| c.parse::<f64>().ok();
+        let samples = lines
+            .filter_map(|l| {
+                let c: Vec<&str> = l.splitn(7, ',').collect();
+                if c.len() != 7 {
+                    return None;
+                }
+                Some(Sample {
+                    t_s: num(c[0])?,
+                    cpu_pct: num(c[1])?,
+                    cpu_pct_per_core: num(c[2])?,
+                    rss_mb: num(c[3])?,
+                    gpu_util_pct: num(c[4]),
+                    gpu_mem_mb: num(c[5]),
+                    stage: c[6].to_string(),
+                })
+            })
+            .collect();
+        Some(Self {
+            samples,
+            markers: Vec::new(),
+        })
+    }
+
+    /// This trace followed by `later` (a resumed process's, timed from its own start): the
+    /// later samples and markers shifted to start where this trace ends, with a `resumed`
+    /// marker at the join.
+    pub fn followed_by(&self, later: &Trace) -> Trace {
+        let offset = self
+            .samples
+            .last()
+            .map(|s| s.t_s)
+            .into_iter()
+            .chain(self.markers.last().map(|m| m.t_s))
+            .fold(0.0, f64::max);
+        let mut out = self.clone();
+        out.markers.push(Marker {
+            t_s: offset,
+            label: "resumed".into(),
+        });
+        out.samples.extend(later.samples.iter().map(|s| Sample {
+            t_s: s.t_s + offset,
+            ..s.clone()
+        }));
+        out.markers.extend(later.markers.iter().map(|m| Marker {
+            t_s: m.t_s + offset,
+            label: m.label.clone(),
+        }));
+        out
+    }
+
     /// CSV text.
     pub fn to_csv(&self) -> String {
-        let mut s =
-            String::from("t_s,cpu_pct,cpu_pct_per_core,rss_mb,gpu_util_pct,gpu_mem_mb,stage\n");
+        let mut s = format!("{CSV_HEADER}\n");
         let opt = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_default();
         for x in &self.samples {
             s.push_str(&format!(
@@ -133,6 +191,9 @@ impl Trace {
         s
     }
 }
+
+/// The header line of `resources.csv`.
+pub const CSV_HEADER: &str = "t_s,cpu_pct,cpu_pct_per_core,rss_mb,gpu_util_pct,gpu_mem_mb,stage";
 
 struct Shared {
     trace: Trace,
@@ -245,6 +306,14 @@ impl Monitor {
         }
     }
 
+    /// The trace so far (sampling goes on).
+    pub fn current(&self) -> Trace {
+        self.shared
+            .lock()
+            .map(|s| s.trace.clone())
+            .unwrap_or_default()
+    }
+
     /// Stop sampling (taking one last sample) and return the trace.
     pub fn stop(mut self) -> Trace {
         self.halt();
@@ -305,6 +374,20 @@ fn sample_loop(shared: Arc<Mutex<Shared>>, stop: Receiver<()>, interval: Duratio
             break;
         }
     }
+}
+
+/// Write only `resources.csv` into `dir` (atomically): what a run keeps up to date while it
+/// trains, so that a killed run leaves its trace for `--resume` to continue.
+pub fn write_trace_csv(trace: &Trace, dir: &Path) -> std::io::Result<PathBuf> {
+    let csv = dir.join("resources.csv");
+    write_atomic(&csv, trace.to_csv().as_bytes())?;
+    Ok(csv)
+}
+
+/// The trace an earlier process of the run in `dir` left in `resources.csv` (`None`
+/// without one, or when it is not this format's).
+pub fn read_trace(dir: &Path) -> Option<Trace> {
+    Trace::from_csv(&std::fs::read_to_string(dir.join("resources.csv")).ok()?)
 }
 
 /// Write `resources.csv`, `resources.svg` and `resources.png` into `dir`.
@@ -433,6 +516,39 @@ mod tests {
     }
 
     #[cfg(feature = "plots")]
+    #[test]
+    fn a_trace_round_trips_through_its_csv_and_a_resumed_one_continues_it() {
+        let sample = |t_s: f64, stage: &str| Sample {
+            t_s,
+            cpu_pct: 50.0,
+            cpu_pct_per_core: 25.0,
+            rss_mb: 100.5,
+            gpu_util_pct: None,
+            gpu_mem_mb: Some(3.0),
+            stage: stage.into(),
+        };
+        let first = Trace {
+            samples: vec![sample(0.0, "mean"), sample(0.5, "mean")],
+            markers: Vec::new(),
+        };
+        let back = Trace::from_csv(&first.to_csv()).unwrap();
+        assert_eq!(back, first);
+        let later = Trace {
+            samples: vec![sample(0.1, "variance")],
+            markers: vec![Marker {
+                t_s: 0.05,
+                label: "variance".into(),
+            }],
+        };
+        let joined = first.followed_by(&later);
+        let t: Vec<f64> = joined.samples.iter().map(|s| s.t_s).collect();
+        assert_eq!(t, [0.0, 0.5, 0.6]);
+        assert_eq!(joined.markers[0].label, "resumed");
+        assert_eq!(joined.markers[0].t_s, 0.5);
+        assert_eq!(joined.markers[1].t_s, 0.55);
+        assert!(Trace::from_csv("something,else\n1,2\n").is_none());
+    }
+
     #[test]
     fn a_chart_with_too_few_samples_says_so() {
         let sample = |t_s: f64| Sample {

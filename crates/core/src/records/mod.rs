@@ -26,8 +26,12 @@ pub enum EngineKind {
     Fused,
     /// Per-channel int8 weights, per-row dynamic int8 activations.
     Int8,
-    /// Per batch-size bucket the fastest compiled engine whose accuracy bound holds.
+    /// The fastest exact engine (one that computes the f32 model, bit-identical whatever
+    /// the batch): the default.
     Auto,
+    /// Per batch-size bucket the fastest compiled engine whose accuracy bound holds, int8
+    /// included (an explicit choice: answers depend on the batch size).
+    AutoInt8,
     /// Burn's CUDA backend in bf16.
     CudaBf16,
     /// Burn's CUDA backend in f32.
@@ -36,12 +40,13 @@ pub enum EngineKind {
 
 impl EngineKind {
     /// Every engine, in the order `engine_names` lists them.
-    pub const ALL: [EngineKind; 7] = [
+    pub const ALL: [EngineKind; 8] = [
         EngineKind::Burn,
         EngineKind::BurnNdArray,
         EngineKind::Fused,
         EngineKind::Int8,
         EngineKind::Auto,
+        EngineKind::AutoInt8,
         EngineKind::CudaBf16,
         EngineKind::CudaF32,
     ];
@@ -54,6 +59,7 @@ impl EngineKind {
             EngineKind::Fused => "fused",
             EngineKind::Int8 => "int8",
             EngineKind::Auto => "auto",
+            EngineKind::AutoInt8 => "auto-int8",
             EngineKind::CudaBf16 => "cuda-bf16",
             EngineKind::CudaF32 => "cuda-f32",
         }
@@ -66,6 +72,16 @@ impl EngineKind {
             self,
             EngineKind::Burn | EngineKind::BurnNdArray | EngineKind::Fused | EngineKind::Int8
         )
+    }
+
+    /// Whether its answers may differ from the f32 model's (quantised: `int8`, `auto-int8`).
+    pub const fn is_quantised(self) -> bool {
+        matches!(self, EngineKind::Int8 | EngineKind::AutoInt8)
+    }
+
+    /// Whether it chooses among engines at load (`auto`, `auto-int8`).
+    pub const fn is_auto(self) -> bool {
+        matches!(self, EngineKind::Auto | EngineKind::AutoInt8)
     }
 
     /// Whether it needs the `cuda` feature (and a GPU).
@@ -125,9 +141,13 @@ pub const CPU_ENGINES: [&str; 4] = names([
 /// The CUDA inference engines (built with the `cuda` feature).
 pub const CUDA_ENGINES: [&str; 2] = names([EngineKind::CudaBf16, EngineKind::CudaF32]);
 
-/// The engine that picks the fastest CPU engine per batch size at load (`kiln_core::infer::auto`):
-/// the default of `kiln serve`, `kiln predict` and `export.engine: null`.
+/// The engine that picks the fastest exact CPU engine at load (`kiln_core::infer::auto`): the
+/// default of `kiln serve`, `kiln predict`, `kiln pick`, `kiln profile infer`, `kiln promote`
+/// and `export.engine: null`. Its answer for a row is bit-identical whatever the batch.
 pub const AUTO_ENGINE: &str = EngineKind::Auto.name();
+
+/// The automatic choice that may pick int8 per batch-size bucket (explicit only).
+pub const AUTO_INT8_ENGINE: &str = EngineKind::AutoInt8.name();
 
 /// Engine names this build knows: the CPU engines, `auto`, then (with the `cuda` feature) the
 /// CUDA ones. A name listed here may still be unavailable on this machine (no GPU).
@@ -159,7 +179,8 @@ mod tests {
             "burn-ndarray",
             "fused",
             "int8",
-            "auto"
+            "auto",
+            "auto-int8"
         ]));
     }
 }

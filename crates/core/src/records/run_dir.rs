@@ -237,6 +237,34 @@ impl RunDir {
         }
     }
 
+    /// When `run.json` says `running` but its recorded process is gone (killed, the machine
+    /// restarted), mark it `killed` with why, keeping its pid and start time, so that it does
+    /// not say `running` forever. Returns the status written (`None`: nothing to do — no
+    /// status file, not running, or its process still alive). Called where runs are listed
+    /// and reaped (the registry's reaper) and when a run is resumed.
+    pub fn mark_if_abandoned(&self) -> std::io::Result<Option<RunStatus>> {
+        let Some(st) = self.read_status() else {
+            return Ok(None);
+        };
+        if st.status != RunState::Running
+            || st.pid == std::process::id()
+            || util::process_alive(i64::from(st.pid), None)
+        {
+            return Ok(None);
+        }
+        let abandoned = RunStatus {
+            status: RunState::Killed,
+            ended_at: Some(util::rfc3339(util::unix_now())),
+            reason: Some(format!(
+                "abandoned: its process (pid {}) is gone without marking the run finished or failed",
+                st.pid
+            )),
+            ..st
+        };
+        self.write_status(&abandoned)?;
+        Ok(Some(abandoned))
+    }
+
     /// Write the status file: `status` by this process, with the reason of a failure;
     /// `ended_at` is set for every status but `running`.
     pub fn mark(
@@ -275,6 +303,29 @@ mod tests {
             );
         }
         assert!("done".parse::<RunState>().unwrap_err().contains("`done`"));
+    }
+
+    #[test]
+    fn a_running_status_whose_process_is_gone_is_marked_killed() {
+        let root = tempfile::tempdir().unwrap();
+        let run = RunDir::create(root.path(), "x").unwrap();
+        assert_eq!(run.mark_if_abandoned().unwrap(), None, "no run.json yet");
+        run.mark(RunState::Running, None, "2026-01-01T00:00:00Z")
+            .unwrap();
+        assert_eq!(run.mark_if_abandoned().unwrap(), None, "our own process");
+        let mut st = run.read_status().unwrap();
+        st.pid = u32::MAX; // never a live pid
+        run.write_status(&st).unwrap();
+        let marked = run.mark_if_abandoned().unwrap().expect("marked");
+        assert_eq!(marked.status, RunState::Killed);
+        assert_eq!(marked.started_at, "2026-01-01T00:00:00Z");
+        assert!(marked.ended_at.is_some());
+        assert!(
+            marked.reason.as_deref().unwrap().contains("abandoned"),
+            "{marked:?}"
+        );
+        assert_eq!(run.read_status().unwrap(), marked);
+        assert_eq!(run.mark_if_abandoned().unwrap(), None, "already marked");
     }
 
     #[test]

@@ -170,6 +170,13 @@ impl TrainingRun {
                 for p in run.remove_stale_temps() {
                     tracing::info!("removed {}, left by the interrupted process", p.display());
                 }
+                if let Ok(Some(st)) = run.mark_if_abandoned() {
+                    tracing::info!(
+                        "{}: the interrupted process (pid {}) had left it `running`; resuming",
+                        run.status_file().display(),
+                        st.pid
+                    );
+                }
                 run
             }
             None => {

@@ -147,11 +147,12 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
     /// Write the resource trace and judge the bottleneck from this process's epochs.
     fn verdict(&mut self) -> Result<Verdict, TrainError> {
         let cfg = &self.job.config.config;
-        let trace = self
+        let here = self
             .monitor
             .take()
             .expect("the resource monitor runs until the session finishes")
             .stop();
+        let trace = self.full_trace(here);
         let cpu_util = (resources::cpu_seconds().unwrap_or(self.cpu_start) - self.cpu_start)
             / (self.wall_start.elapsed().as_secs_f64() * resources::cores() as f64).max(1e-9);
         resources::write_trace(&trace, &self.job.run.path)?;

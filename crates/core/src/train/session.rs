@@ -69,6 +69,8 @@ pub(crate) struct Session<'j, 'a, B: AutodiffBackend> {
     epochs_done_here: usize,
     pub(crate) first_epoch_here: usize,
     pub(crate) monitor: Option<Monitor>,
+    /// The resource trace of the run's earlier processes (a resumed run continues it).
+    pub(crate) earlier_trace: Option<resources::Trace>,
     pub(crate) cpu_start: f64,
     pub(crate) wall_start: Instant,
     profiler: Option<StepProfiler>,
@@ -256,6 +258,11 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             epochs_done_here: 0,
             first_epoch_here,
             monitor: Some(Monitor::start(Duration::from_millis(500))),
+            earlier_trace: if job.resume {
+                resources::read_trace(&job.run.path)
+            } else {
+                None
+            },
             cpu_start: resources::cpu_seconds().unwrap_or(0.0),
             wall_start: Instant::now(),
             profiler,
@@ -523,7 +530,26 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
     /// Write the resumable snapshot after an epoch. At the end of a stage the stage's best
     /// epoch is restored first and the counters move to the next stage (no optimizer state:
     /// the next stage builds its own).
+    /// The run's whole resource trace: its earlier processes' (when resumed), then this one's.
+    pub(crate) fn full_trace(&self, here: resources::Trace) -> resources::Trace {
+        match &self.earlier_trace {
+            Some(e) => e.followed_by(&here),
+            None => here,
+        }
+    }
+
     fn snapshot(&mut self, optim: &StageOptimizer<B>, stage_done: bool) -> Result<(), TrainError> {
+        // Keep resources.csv current, so that a run killed from here on leaves its trace
+        // for `--resume` to continue (not a trace of the resumed process alone).
+        if let Some(m) = &self.monitor {
+            let trace = self.full_trace(m.current());
+            if let Err(e) = resources::write_trace_csv(&trace, &self.job.run.path) {
+                tracing::warn!(
+                    "{}: cannot write the resource trace: {e}",
+                    self.job.run.path.display()
+                );
+            }
+        }
         let snap_dir = self.job.run.state_dir();
         if stage_done {
             // The refit pass keeps its last epoch: its validation rows are training rows.
