@@ -38,7 +38,8 @@ type Shared = State<Arc<Service>>;
 
 /// An error answer.
 pub fn error(status: StatusCode, msg: impl Into<String>) -> Response {
-    (status, axum::Json(json!({"error": msg.into()}))).into_response()
+    let msg = super::protocol::bound_message(msg.into());
+    (status, axum::Json(json!({"error": msg}))).into_response()
 }
 
 /// The HTTP status of a service error.
@@ -399,18 +400,22 @@ async fn infer_inner(
         Ok(b) => b,
         Err(r) => return r,
     };
-    let parse = || {
-        if let Some(enc) = headers.get(header::CONTENT_ENCODING)
-            && enc.as_bytes() != b"identity"
-        {
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .filter(|enc| enc.as_bytes() != b"identity")
+        .map(|enc| format!("{enc:?}"));
+    let hlen = headers
+        .get(HEADER_LENGTH)
+        .map(|v| v.to_str().unwrap_or("?").to_string());
+    let size = body.len();
+    let parse = move || {
+        if let Some(enc) = encoding {
             return Err(format!(
-                "Content-Encoding {enc:?} is not supported; send an uncompressed body"
+                "Content-Encoding {} is not supported; send an uncompressed body",
+                super::protocol::clip(&enc)
             ));
         }
-        let hlen = headers
-            .get(HEADER_LENGTH)
-            .map(|v| v.to_str().unwrap_or("?"));
-        InferRequest::parse(body, hlen).map_err(|e| e.0)
+        InferRequest::parse(body, hlen.as_deref()).map_err(|e| e.0)
     };
     let encode = |lv: &LoadedVersion, req: &InferRequest, selected: Vec<_>| {
         encode_response(
@@ -420,7 +425,7 @@ async fn infer_inner(
             &selected,
         )
     };
-    let enc = match s.infer(name, version, parse, encode).await {
+    let enc = match s.infer(name, version, size, parse, encode).await {
         Ok(enc) => enc,
         Err(e) => return failed(e),
     };

@@ -301,7 +301,10 @@ impl Repository {
         if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\']) {
             return Err(RepoError::new(
                 RepoErrorKind::InvalidArgument,
-                format!("`{name}` is not a model name (a directory of the repository)"),
+                format!(
+                    "`{}` is not a model name (a directory of the repository)",
+                    super::protocol::clip(name)
+                ),
             ));
         }
         let dir = self.config.root.join(name);
@@ -309,8 +312,9 @@ impl Repository {
             return Err(RepoError::new(
                 RepoErrorKind::NotFound,
                 format!(
-                    "model `{name}` is not in the repository: {} is not a directory",
-                    dir.display()
+                    "model `{}` is not in the repository: {} has no directory of that name",
+                    super::protocol::clip(name),
+                    self.config.root.display()
                 ),
             ));
         }
@@ -389,7 +393,10 @@ impl Repository {
             }
             return Err(RepoError::new(
                 RepoErrorKind::NotFound,
-                format!("model `{name}` is neither loaded nor in the repository"),
+                format!(
+                    "model `{}` is neither loaded nor in the repository",
+                    super::protocol::clip(name)
+                ),
             ));
         };
         let old = slot.swap(None);

@@ -13,8 +13,12 @@ use std::time::{Duration, Instant};
 
 use super::batcher::InferFailure;
 use super::metrics::{Failure, Metrics};
-use super::protocol::{InferRequest, OutputTensor, select_outputs};
+use super::protocol::{InferRequest, OutputTensor, clip, select_outputs};
 use super::repository::{LoadedVersion, ModelSlot, RepoError, RepoErrorKind, Repository};
+
+/// Requests of at least this many bytes are parsed off the async runtime's workers (see
+/// [`Service::infer`]).
+pub const PARSE_OFF_RUNTIME_BYTES: usize = 64 << 10;
 
 /// What every transport shares: the models, the metrics and the request limits.
 pub struct Service {
@@ -143,7 +147,8 @@ impl Service {
             ServiceError::new(
                 ErrorKind::NotFound,
                 format!(
-                    "unknown model `{name}`; the repository has: {}",
+                    "unknown model `{}`; the repository has: {}",
+                    clip(name),
                     if names.is_empty() {
                         "(no models)".into()
                     } else {
@@ -160,11 +165,16 @@ impl Service {
     /// version's batcher within the request deadline, select the outputs and `encode` them.
     /// The version's success or failure (with its kind and latency, encoding included) is
     /// recorded here and nowhere else.
+    ///
+    /// `size` is the request's size in bytes: a request of [`PARSE_OFF_RUNTIME_BYTES`] or
+    /// more is parsed on the blocking pool, so that long parses never hold the runtime's
+    /// workers (which answer health checks and every other request).
     pub async fn infer<T>(
         &self,
         name: &str,
         version: Option<&str>,
-        parse: impl FnOnce() -> Result<InferRequest, String>,
+        size: usize,
+        parse: impl FnOnce() -> Result<InferRequest, String> + Send + 'static,
         encode: impl FnOnce(&LoadedVersion, &InferRequest, Vec<(OutputTensor, bool)>) -> T,
     ) -> Result<T, ServiceError> {
         let t0 = Instant::now();
@@ -174,8 +184,27 @@ impl Service {
             vm.record_failure(Failure::BadRequest, t0.elapsed());
             ServiceError::new(ErrorKind::InvalidArgument, msg)
         };
+        let req = if size >= PARSE_OFF_RUNTIME_BYTES {
+            let parsed = tokio::task::spawn_blocking(move || {
+                let _span = kiln_core::prof_span!("serve_parse").entered();
+                parse()
+            })
+            .await;
+            match parsed {
+                Ok(r) => r.map_err(bad)?,
+                Err(e) => {
+                    vm.record_failure(Failure::Internal, t0.elapsed());
+                    return Err(ServiceError::new(
+                        ErrorKind::Internal,
+                        format!("the request parser failed: {e}"),
+                    ));
+                }
+            }
+        } else {
+            let _span = kiln_core::prof_span!("serve_parse").entered();
+            parse().map_err(bad)?
+        };
         let decode_span = kiln_core::prof_span!("serve_decode").entered();
-        let req = parse().map_err(bad)?;
         if let Some(outs) = &req.outputs {
             for o in outs {
                 if !lv.spec.outputs.iter().any(|t| t.name == o.name) {
@@ -215,6 +244,11 @@ impl Service {
         };
         let _encode_span = kiln_core::prof_span!("serve_encode").entered();
         let selected = select_outputs(&req, outputs).map_err(|e| bad(e.0))?;
+        if let Some(why) = selected.iter().find_map(|(t, _)| t.non_finite()) {
+            tracing::error!(model = %name, version = lv.version, "{why}");
+            vm.record_failure(Failure::Internal, t0.elapsed());
+            return Err(ServiceError::new(ErrorKind::Internal, why));
+        }
         let answer = encode(&lv, &req, selected);
         vm.record_success(t0.elapsed());
         Ok(answer)
@@ -297,7 +331,8 @@ fn resolve_in(
     };
     let Ok(v) = v.parse::<u64>() else {
         return Err(not_found(format!(
-            "model `{name}` has no version `{v}` (versions are numbers)"
+            "model `{name}` has no version `{}` (versions are numbers)",
+            clip(v)
         )));
     };
     if let Some(c) = current.as_ref().filter(|c| c.version == v) {

@@ -1,12 +1,14 @@
 //! The server's side of a request: parse the body (JSON, optionally followed by binary
 //! tensor data) into an [`InferRequest`] of validated inputs and requested outputs.
 
+use std::collections::HashSet;
+
 use axum::body::Bytes;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::tensor::{InputData, InputTensor, JsonData};
-use super::{Datatype, ProtocolError, err};
+use super::{Datatype, ProtocolError, check_counts, check_name, err};
 
 #[derive(Deserialize)]
 struct RawRequest {
@@ -122,12 +124,14 @@ impl InferRequest {
         if raw.inputs.is_empty() {
             return err("request has no inputs");
         }
+        check_counts(raw.inputs.len(), raw.outputs.as_ref().map_or(0, Vec::len))?;
         let mut offset = json_len;
         let mut inputs = Vec::with_capacity(raw.inputs.len());
+        let mut seen = HashSet::with_capacity(raw.inputs.len());
         for input in raw.inputs {
             let name = input.name;
             let (datatype, shape, count) =
-                input_header(&name, &input.datatype, &input.shape, &inputs)?;
+                input_header(&name, &input.datatype, &input.shape, &mut seen)?;
             let binary_size = match input
                 .parameters
                 .as_ref()
@@ -199,8 +203,10 @@ impl InferRequest {
             None => None,
             Some(outs) => {
                 let mut v: Vec<RequestedOutput> = Vec::with_capacity(outs.len());
+                let mut seen = HashSet::with_capacity(outs.len());
                 for o in outs {
-                    if v.iter().any(|x| x.name == o.name) {
+                    check_name("output", &o.name)?;
+                    if !seen.insert(o.name.clone()) {
                         return err(format!("output `{}` is requested more than once", o.name));
                     }
                     if o.parameters
@@ -235,18 +241,21 @@ impl InferRequest {
 }
 
 /// The checks every input tensor's header gets, whichever protocol carried it (JSON here,
-/// gRPC in `serve::grpc`): a name not given by an `earlier` input, a known datatype, no
-/// negative dimension, an element count that fits. Returns the datatype, the shape and the
-/// element count.
+/// gRPC in `serve::grpc`): a name of at most [`super::MAX_NAME_BYTES`] not among the names
+/// `seen` so far (a hash set: linear time over the request), a known datatype, no negative
+/// dimension, an element count that fits. Returns the datatype, the shape and the element
+/// count.
 pub(crate) fn input_header(
     name: &str,
     datatype: &str,
     shape: &[i64],
-    earlier: &[InputTensor],
+    seen: &mut HashSet<String>,
 ) -> Result<(Datatype, Vec<usize>, usize), ProtocolError> {
-    if earlier.iter().any(|i| i.name == name) {
+    check_name("input", name)?;
+    if !seen.insert(name.to_string()) {
         return err(format!("input `{name}` is given more than once"));
     }
+    let datatype = &super::clip(datatype);
     let dt = Datatype::parse(datatype).ok_or_else(|| {
         ProtocolError(format!(
             "input `{name}` has unknown datatype `{datatype}`; expected one of {}",
