@@ -720,7 +720,10 @@ fn authorize<T>(s: &Service, req: &Request<T>) -> Result<(), Status> {
         .get("authorization")
         .and_then(|v| v.to_str().ok());
     let peer = req.remote_addr().map(|p| p.ip());
-    s.authorize_control(given, peer, Transport::Grpc)
+    let proxied = super::service::PROXY_HEADERS
+        .into_iter()
+        .find(|h| req.metadata().contains_key(*h));
+    s.authorize_control(given, peer, proxied, Transport::Grpc)
         .map_err(status_of)
 }
 
@@ -812,7 +815,24 @@ async fn repository_model_load(
     req: Request<RepositoryModelLoadRequest>,
 ) -> Result<RepositoryModelLoadResponse, Status> {
     authorize(s, &req)?;
-    let name = req.into_inner().model_name;
+    let r = req.into_inner();
+    let params: Vec<(String, super::service::LoadParameter)> = r
+        .parameters
+        .into_iter()
+        .map(|(k, v)| {
+            use model_repository_parameter::ParameterChoice as C;
+            let p = match v.parameter_choice {
+                Some(C::StringParam(t)) => super::service::LoadParameter::Text(t),
+                Some(C::BytesParam(b)) => {
+                    super::service::LoadParameter::Text(String::from_utf8_lossy(&b).into_owned())
+                }
+                other => super::service::LoadParameter::Other(format!("{other:?}")),
+            };
+            (k, p)
+        })
+        .collect();
+    let name = r.model_name;
+    s.check_load_parameters(&name, &params).map_err(status_of)?;
     let repo = s.repo.clone();
     blocking(move || repo.load_model(&name)).await?;
     Ok(RepositoryModelLoadResponse {})
@@ -858,6 +878,14 @@ impl GrpcInferenceService for GrpcService {
         let r = req.into_inner();
         match self.state.lookup(&r.name, version_of(&r.version)) {
             Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
+            // On disk but not loaded: known, not ready (as Triton answers).
+            Err(e)
+                if e.kind == ErrorKind::NotFound
+                    && r.version.is_empty()
+                    && self.state.repo.on_disk(&r.name) =>
+            {
+                Ok(Response::new(ModelReadyResponse { ready: false }))
+            }
             Err(e) if e.kind == ErrorKind::Unavailable => {
                 Ok(Response::new(ModelReadyResponse { ready: false }))
             }

@@ -321,6 +321,11 @@ impl Repository {
         Ok(dir)
     }
 
+    /// Whether `name` is a model directory of the repository on disk (loaded or not).
+    pub fn on_disk(&self, name: &str) -> bool {
+        self.model_dir(name).is_ok()
+    }
+
     /// Load (or reload) a model (explicit mode). Blocking: loads and warms the highest
     /// version that loads (retrying versions that failed before) and returns the version
     /// served. When the new version fails, the one already served keeps serving and the
@@ -336,6 +341,7 @@ impl Repository {
         if let Some(slot) = self.get(name) {
             slot.state.lock().expect("slot lock").failed.clear();
         }
+        let before = self.get(name).and_then(|s| s.current()).map(|c| c.version);
         let report = self.reload_locked(Some(name));
         let slot = self.get(name);
         let serving = slot.as_ref().and_then(|s| s.current()).map(|c| c.version);
@@ -356,6 +362,13 @@ impl Repository {
             });
         match (serving, problem) {
             (Some(v), None) => {
+                self.reasons.lock().expect("repository lock").remove(name);
+                Ok(v)
+            }
+            // The load put a version in service, though not the highest on disk: the model
+            // is ready, so the load succeeded; the versions it skipped are logged.
+            (Some(v), Some(e)) if before != Some(v) => {
+                tracing::warn!(model = %name, version = v, "loaded a lower version: {e}");
                 self.reasons.lock().expect("repository lock").remove(name);
                 Ok(v)
             }
