@@ -24,5 +24,6 @@ mod registry_conformance;
 mod replicas;
 mod run_api;
 mod serve;
+mod serve_bounds;
 mod serve_triton;
 mod sweep_indexed;
