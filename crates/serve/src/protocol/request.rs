@@ -341,9 +341,68 @@ mod tests {
             let e = parse(body).unwrap_err();
             assert!(e.0.contains(want), "{body}: {e}");
         }
+        let names_over = format!(
+            r#"{{"inputs":[{{"name":"{}","shape":[1],"datatype":"FP32","data":[1]}}]}}"#,
+            "n".repeat(super::super::MAX_NAME_BYTES + 1)
+        );
+        let e = parse(&names_over).unwrap_err();
+        assert!(e.0.contains("at most 256") && e.0.len() < 200, "{e}");
         let big = parse(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1e39]}]}"#)
             .unwrap();
         let e = big.inputs[0].to_f32().unwrap_err();
         assert!(e.0.contains("inf after conversion to FP32"), "{e}");
+    }
+
+    #[test]
+    fn input_and_output_counts_are_capped_and_duplicates_found_in_linear_time() {
+        use super::super::{MAX_INPUTS, MAX_OUTPUTS};
+        let input =
+            |k: usize| format!(r#"{{"name":"x{k}","shape":[1],"datatype":"FP32","data":[1]}}"#);
+        let body = |n: usize, outs: usize| {
+            let inputs: Vec<String> = (0..n).map(input).collect();
+            let outputs: Vec<String> = (0..outs).map(|k| format!(r#"{{"name":"o{k}"}}"#)).collect();
+            format!(
+                r#"{{"inputs":[{}],"outputs":[{}]}}"#,
+                inputs.join(","),
+                outputs.join(",")
+            )
+        };
+        assert!(parse(&body(MAX_INPUTS, MAX_OUTPUTS)).is_ok());
+        let e = parse(&body(MAX_INPUTS + 1, 1)).unwrap_err();
+        assert!(e.0.contains("has 65 inputs; at most 64"), "{e}");
+        let e = parse(&body(1, MAX_OUTPUTS + 1)).unwrap_err();
+        assert!(e.0.contains("asks for 65 outputs; at most 64"), "{e}");
+        let dup = format!(r#"{{"inputs":[{},{}]}}"#, input(3), input(3));
+        assert!(
+            parse(&dup)
+                .unwrap_err()
+                .0
+                .contains("`x3` is given more than once")
+        );
+        let dup_out = format!(
+            r#"{{"inputs":[{}],"outputs":[{{"name":"m"}},{{"name":"m"}}]}}"#,
+            input(0)
+        );
+        assert!(
+            parse(&dup_out)
+                .unwrap_err()
+                .0
+                .contains("`m` is requested more than once")
+        );
+    }
+
+    #[test]
+    fn echoed_strings_and_messages_are_clipped() {
+        use super::super::{ECHO_CHARS, MAX_MESSAGE_BYTES, bound_message, clip};
+        assert_eq!(clip("short"), "short");
+        let long = "é".repeat(20_000);
+        let c = clip(&long);
+        assert!(
+            c.starts_with(&"é".repeat(ECHO_CHARS)) && c.ends_with("… (40000 bytes)"),
+            "{c}"
+        );
+        let m = bound_message("x".repeat(100_000));
+        assert!(m.len() <= MAX_MESSAGE_BYTES && m.ends_with("(message of 100000 bytes cut)"));
+        assert_eq!(bound_message("ok".into()), "ok");
     }
 }
