@@ -366,6 +366,8 @@ async fn non_finite_outputs_are_errors_and_non_finite_features_are_refused() {
 /// writes a trace within the cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_on_demand_profile_under_load_stays_within_its_cap() {
+    kiln::observe::install_subscriber();
+    let _profiling = crate::common::PROFILING.lock().await;
     let repo = repository_of(trained());
     let profiles = tempfile::tempdir().unwrap();
     let cap = 300;
