@@ -339,7 +339,7 @@ impl Service {
         for (key, value) in params {
             if key != "config" {
                 return Err(bad(format!(
-                    "load parameter `{}` is not supported; kiln loads the model directory as it                      is on disk (only `config` is understood)",
+                    "load parameter `{}` is not supported; kiln loads the model directory as it is on disk (only `config` is understood)",
                     clip(key)
                 )));
             }
@@ -354,7 +354,7 @@ impl Service {
             };
             let cfg: serde_json::Value = serde_json::from_str(text).map_err(|e| {
                 bad(format!(
-                    "load parameter `config` is not valid JSON ({e}); expected a model                      configuration object such as {{\"max_batch_size\": {max_batch}}}"
+                    "load parameter `config` is not valid JSON ({e}); expected a model configuration object such as {{\"max_batch_size\": {max_batch}}}"
                 ))
             })?;
             let Some(obj) = cfg.as_object() else {
@@ -369,13 +369,13 @@ impl Service {
                     "max_batch_size" if v.as_u64() == Some(max_batch as u64) => {}
                     "max_batch_size" => {
                         return Err(bad(format!(
-                            "load config sets max_batch_size to {}, but this server batches every                              model up to {max_batch} rows (kiln serve --max-batch-size); restart                              it with --max-batch-size to change that",
+                            "load config sets max_batch_size to {}, but this server batches every model up to {max_batch} rows (kiln serve --max-batch-size); restart it with --max-batch-size to change that",
                             clip(&v.to_string())
                         )));
                     }
                     other => {
                         return Err(bad(format!(
-                            "load config key `{}` cannot be overridden: kiln has no per-model                              configuration to apply it to (it accepts `name` and                              `max_batch_size` when they match the server's)",
+                            "load config key `{}` cannot be overridden: kiln has no per-model configuration to apply it to (it accepts `name` and `max_batch_size` when they match the server's)",
                             clip(other)
                         )));
                     }
