@@ -97,6 +97,16 @@ pub struct ServeArgs {
     /// Directory for on-demand profiles (POST /v2/profile); without it profiling is off.
     #[arg(long, value_name = "DIR")]
     pub profile_dir: Option<PathBuf>,
+    /// Most events one on-demand profile keeps; the rest of its window is counted
+    /// (`dropped_events`) but not kept, so a recording's memory stays bounded.
+    #[arg(long, default_value_t = kiln::serve::live_profile::MAX_EVENTS)]
+    pub profile_max_events: usize,
+    /// Serve on a non-loopback --host without a control token. Without this flag (or a
+    /// token) such a start is refused: the control endpoints would rest on the peer address
+    /// alone. With it they answer loopback peers whose requests carry no proxy header, and a
+    /// warning is printed.
+    #[arg(long)]
+    pub insecure_control: bool,
     /// Port of the KServe v2 gRPC endpoint on --host (Triton's default 8001; 0: any free
     /// port, printed; `off`: no gRPC).
     #[arg(long, default_value = "8001", value_name = "PORT|off")]
@@ -153,6 +163,8 @@ impl ServeArgs {
                 .or_else(|| std::env::var("KILN_CONTROL_TOKEN").ok())
                 .filter(|t| !t.is_empty()),
             profile_dir: self.profile_dir.clone(),
+            profile_max_events: self.profile_max_events,
+            insecure_control: self.insecure_control,
             grpc_port: self.grpc_port.0,
         }
     }

@@ -165,3 +165,7 @@ pub fn rows_around_means(export: &Path, n: usize, seed: u32) -> Vec<f32> {
     }
     out
 }
+
+/// Held by a test while it records an on-demand profile: the profiler is one per process, so
+/// two recordings at once would answer 409.
+pub static PROFILING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -29,5 +29,6 @@ mod replicas;
 mod resume_records;
 mod run_api;
 mod serve;
+mod serve_bounds;
 mod serve_triton;
 mod sweep_indexed;

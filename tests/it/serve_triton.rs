@@ -521,6 +521,7 @@ async fn control_endpoints_need_explicit_mode_for_load_and_the_token_when_set() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_on_demand_profile_of_a_loaded_server_has_the_serving_spans() {
     kiln::observe::install_subscriber();
+    let _profiling = crate::common::PROFILING.lock().await;
     let repo = crate::common::repository_of(trained());
     let out = tempfile::tempdir().unwrap();
     let mut cfg = config(repo.path());

@@ -22,15 +22,20 @@
 //!   before closing, so that the answer is not lost to a TCP reset.
 //! * `TCP_NODELAY` on every accepted socket.
 //!
-//! Shutdown: when the shutdown future resolves the listener is closed, every connection is
-//! told to finish the request in flight and close (hyper's graceful shutdown), and [`serve`]
-//! returns once all have closed. The timeouts bound how long that can take.
+//! Shutdown: when the shutdown future resolves, the connections already waiting in the
+//! listen backlog are accepted, then the listener is closed, and every connection is told to
+//! finish the request in flight and close (hyper's graceful shutdown); [`serve`] returns once
+//! all have closed. A connection that is between requests but has request bytes waiting
+//! (unread in the socket, or read but not yet parsed into a request) is not closed as idle:
+//! it is driven until that request has started, and the request is answered (see
+//! [`Drain`]). The timeouts bound how long that can take.
 
 use std::error::Error as StdError;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -197,12 +202,51 @@ where
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub std::net::SocketAddr);
 
+/// What the drain needs to know about one connection: requests started on it, and request
+/// bytes read since its last write (bytes of a request hyper has not answered yet).
+#[derive(Debug, Default)]
+struct Drain {
+    started: AtomicU64,
+    unanswered_input: AtomicU64,
+}
+
+impl Drain {
+    /// Whether the connection holds the beginning of a request that has not started: bytes
+    /// read since the last answer, or bytes waiting in the socket (`fd`).
+    fn has_input(&self, fd: Option<i32>) -> bool {
+        self.unanswered_input.load(AtomicOrdering::Acquire) > 0 || fd.is_some_and(socket_has_input)
+    }
+}
+
+/// Whether bytes are waiting to be read on socket `fd` (without reading them).
+#[cfg(unix)]
+fn socket_has_input(fd: i32) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: `fd` is the open socket of a connection this task still owns; MSG_PEEK leaves
+    // the byte in the socket and MSG_DONTWAIT never blocks.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
+}
+
+#[cfg(not(unix))]
+fn socket_has_input(_: i32) -> bool {
+    false
+}
+
 /// The hyper service: the router, with each request's body under the body timeout.
 #[derive(Clone)]
 struct App {
     router: TowerToHyperService<Router>,
     body_timeout: Duration,
     peer: Option<std::net::SocketAddr>,
+    drain: Arc<Drain>,
 }
 
 impl hyper::service::Service<hyper::Request<Incoming>> for App {
@@ -217,6 +261,7 @@ impl hyper::service::Service<hyper::Request<Incoming>> for App {
     >>::Future;
 
     fn call(&self, req: hyper::Request<Incoming>) -> Self::Future {
+        self.drain.started.fetch_add(1, AtomicOrdering::AcqRel);
         let t = self.body_timeout;
         let mut req = req.map(|b| DeadlineBody::new(b, t));
         if let Some(p) = self.peer {
@@ -324,16 +369,18 @@ pub struct ConnIo {
     /// An automatic answer was replaced: linger on drop.
     replaced: bool,
     limits: Limits,
+    drain: Arc<Drain>,
 }
 
 impl ConnIo {
-    fn new(stream: TcpStream, limits: Limits) -> Self {
+    fn new(stream: TcpStream, limits: Limits, drain: Arc<Drain>) -> Self {
         Self {
             stream: Some(stream),
             pending: Vec::new(),
             written: 0,
             replaced: false,
             limits,
+            drain,
         }
     }
 
@@ -396,7 +443,15 @@ impl AsyncRead for ConnIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.stream().poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = self.stream().poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.drain
+                .unanswered_input
+                .fetch_add(n as u64, AtomicOrdering::AcqRel);
+        }
+        r
     }
 }
 
@@ -408,6 +463,9 @@ impl AsyncWrite for ConnIo {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         ready!(this.poll_drain(cx))?;
+        this.drain
+            .unanswered_input
+            .store(0, AtomicOrdering::Release);
         if let Some((start, status, date)) = find_auto_error(buf) {
             let message = auto_error_message(status, &this.limits);
             let mut out = buf[..start].to_vec();
@@ -488,6 +546,7 @@ pub async fn serve(
         router: TowerToHyperService::new(router),
         body_timeout: config.body_timeout,
         peer: None,
+        drain: Arc::default(),
     };
     let limits = Limits {
         max_headers: config.max_headers,
@@ -497,41 +556,99 @@ pub async fn serve(
     let (closed_tx, closed_rx) = watch::channel(());
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
+    let mut listener = Some(listener);
+    // At the stop: the listener as a plain non-blocking socket, to take what its backlog
+    // still holds (clients that connected before the stop may have sent a request already).
+    let mut backlog: Option<std::net::TcpListener> = None;
+    let stopping = |b: &Option<std::net::TcpListener>| b.is_some();
     loop {
-        let (stream, peer) = tokio::select! {
-            biased;
-            _ = &mut shutdown => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) if is_connection_error(&e) => continue,
-                Err(e) => {
-                    // E.g. out of file descriptors: back off instead of spinning.
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+        let accepted = match (&backlog, &listener) {
+            (Some(b), _) => match b.accept() {
+                Ok((s, peer)) => s
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpStream::from_std(s))
+                    .map(|s| (s, peer)),
+                Err(_) => break,
+            },
+            (None, Some(l)) => tokio::select! {
+                biased;
+                _ = &mut shutdown => {
+                    match listener.take().map(TcpListener::into_std) {
+                        Some(Ok(std_listener)) => backlog = Some(std_listener),
+                        _ => break,
+                    }
                     continue;
                 }
+                r = l.accept() => r,
             },
+            (None, None) => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) if is_connection_error(&e) => continue,
+            Err(_) if stopping(&backlog) => break,
+            Err(e) => {
+                // E.g. out of file descriptors: back off instead of spinning.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tokio::spawn(refuse(stream, config.max_connections));
             continue;
         };
+        let drain = Arc::new(Drain::default());
+        #[cfg(unix)]
+        let fd = Some(std::os::fd::AsRawFd::as_raw_fd(&stream));
+        #[cfg(not(unix))]
+        let fd: Option<i32> = None;
         let mut conn_app = app.clone();
         conn_app.peer = Some(peer);
-        let conn = http.serve_connection(TokioIo::new(ConnIo::new(stream, limits)), conn_app);
+        conn_app.drain = drain.clone();
+        let conn = http.serve_connection(
+            TokioIo::new(ConnIo::new(stream, limits, drain.clone())),
+            conn_app,
+        );
         let mut stop = stop_rx.clone();
         let closed = closed_rx.clone();
+        let grace = config.header_timeout;
         tokio::spawn(async move {
             tokio::pin!(conn);
             let stopping = async move {
                 let _ = stop.wait_for(|v| *v).await;
             };
             let r = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = stopping => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+                r = conn.as_mut() => Some(r),
+                _ = stopping => None,
+            };
+            let r = match r {
+                Some(r) => r,
+                None => {
+                    // A request whose bytes are here (or on their way through hyper) is
+                    // answered: drive the connection until it has started, then shut down
+                    // gracefully (hyper then finishes it). Bounded by the header timeout.
+                    let started = drain.started.load(AtomicOrdering::Acquire);
+                    let until = Instant::now() + grace;
+                    let mut done = None;
+                    while done.is_none()
+                        && drain.started.load(AtomicOrdering::Acquire) == started
+                        && drain.has_input(fd)
+                        && Instant::now() < until
+                    {
+                        tokio::select! {
+                            r = conn.as_mut() => done = Some(r),
+                            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                        }
+                    }
+                    match done {
+                        Some(r) => r,
+                        None => {
+                            conn.as_mut().graceful_shutdown();
+                            conn.await
+                        }
+                    }
                 }
             };
             if let Err(e) = r {
@@ -542,6 +659,7 @@ pub async fn serve(
         });
     }
     drop(listener);
+    drop(backlog);
     let _ = stop_tx.send(true);
     drop(closed_rx);
     closed_tx.closed().await;

@@ -41,7 +41,7 @@ use super::conn::{ConnectionConfig, is_connection_error};
 use super::protocol::request::input_header;
 use super::protocol::{
     Datatype, InferRequest, InputData, InputTensor, JsonData, OutputData, OutputTensor,
-    RequestedOutput,
+    RequestedOutput, bound_message, check_counts, check_name,
 };
 use super::repository::LoadedVersion;
 use super::service::{ErrorKind, Service, ServiceError, Transport};
@@ -97,9 +97,13 @@ pub async fn serve(
         source,
     })?;
     let max = state.max_body_bytes;
-    let svc = GrpcInferenceServiceServer::new(GrpcService::new(state))
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(usize::MAX);
+    let svc = Bounded {
+        inner: GrpcInferenceServiceServer::new(GrpcService::new(state))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(usize::MAX),
+        body_timeout: limits.body_timeout,
+        max_message_bytes: max,
+    };
     let incoming = accept(listener, limits);
     let task = tokio::spawn(async move {
         let r = tonic::transport::Server::builder()
@@ -117,6 +121,77 @@ pub async fn serve(
     });
     tracing::info!(%addr, "listening (KServe v2 gRPC)");
     Ok((addr, task))
+}
+
+/// The generated server under two of the HTTP side's request limits:
+///
+/// * **Body timeout** — a request stream's message must be complete within the body timeout
+///   (`--body-timeout-ms`) of its headers; a stream that stalls is answered
+///   `DEADLINE_EXCEEDED` and its resources freed.
+/// * **Message size** — a message over `--max-body-bytes` is answered `RESOURCE_EXHAUSTED`
+///   (the gRPC convention for a size limit; tonic's own answer is `OUT_OF_RANGE`, which
+///   kiln never gives otherwise and rewrites here).
+#[derive(Clone)]
+struct Bounded<S> {
+    inner: S,
+    body_timeout: Duration,
+    max_message_bytes: usize,
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Bounded<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// A request body's error as the gRPC status it answers.
+fn body_status(e: Box<dyn std::error::Error + Send + Sync>) -> Status {
+    if super::conn::is_body_timeout(&*e) {
+        Status::deadline_exceeded(e.to_string())
+    } else {
+        Status::from_error(e)
+    }
+}
+
+impl<S> tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>> for Bounded<S>
+where
+    S: tonic::codegen::Service<
+            tonic::codegen::http::Request<tonic::body::Body>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+        > + Send,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
+        use http_body_util::BodyExt;
+        let limit = self.body_timeout;
+        let req = req.map(|b| {
+            tonic::body::Body::new(super::conn::DeadlineBody::new(b, limit).map_err(body_status))
+        });
+        let max = self.max_message_bytes;
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let mut resp = fut.await?;
+            let h = resp.headers_mut();
+            if h.get("grpc-status").is_some_and(|v| v.as_bytes() == b"11") {
+                h.insert(
+                    "grpc-status",
+                    tonic::codegen::http::HeaderValue::from_static("8"),
+                );
+                if let Ok(v) = tonic::codegen::http::HeaderValue::from_str(&format!(
+                    "the request message is larger than the limit of {max} bytes (--max-body-bytes)"
+                )) {
+                    h.insert("grpc-message", v);
+                }
+            }
+            Ok(resp)
+        })
+    }
 }
 
 /// Length of the HTTP/2 connection preface every client sends first (RFC 9113 §3.4).
@@ -245,7 +320,7 @@ fn accept(
 
 /// The gRPC status of a service error.
 pub fn status_of(e: ServiceError) -> Status {
-    let m = e.message;
+    let m = bound_message(e.message);
     match e.kind {
         ErrorKind::InvalidArgument => Status::invalid_argument(m),
         ErrorKind::NotFound => Status::not_found(m),
@@ -371,7 +446,7 @@ fn model_config(s: &Service, lv: &LoadedVersion) -> ModelConfig {
 }
 
 fn bad(msg: impl Into<String>) -> Status {
-    Status::invalid_argument(msg.into())
+    Status::invalid_argument(bound_message(msg.into()))
 }
 
 fn param_bool(
@@ -459,14 +534,16 @@ pub fn parse_request(r: ModelInferRequest) -> Result<InferRequest, Status> {
             r.inputs.len()
         )));
     }
+    check_counts(r.inputs.len(), r.outputs.len()).map_err(|e| bad(e.0))?;
     let binary_data_output = param_bool(&r.parameters, "binary_data_output")?.unwrap_or(true);
     let mut raw_contents = r.raw_input_contents.into_iter();
     let mut inputs: Vec<InputTensor> = Vec::with_capacity(r.inputs.len());
+    let mut seen = std::collections::HashSet::with_capacity(r.inputs.len());
     for input in r.inputs {
         let name = input.name;
         let raw_bytes = raw_contents.next();
         let (datatype, shape, count) =
-            input_header(&name, &input.datatype, &input.shape, &inputs).map_err(|e| bad(e.0))?;
+            input_header(&name, &input.datatype, &input.shape, &mut seen).map_err(|e| bad(e.0))?;
         let data = match (raw_bytes, input.contents) {
             (Some(_), Some(_)) => {
                 return Err(bad(format!(
@@ -515,15 +592,22 @@ pub fn parse_request(r: ModelInferRequest) -> Result<InferRequest, Status> {
     let outputs = if r.outputs.is_empty() {
         None
     } else {
-        Some(
-            r.outputs
-                .into_iter()
-                .map(|o| RequestedOutput {
-                    name: o.name,
-                    binary: None,
-                })
-                .collect(),
-        )
+        let mut seen = std::collections::HashSet::with_capacity(r.outputs.len());
+        let mut v = Vec::with_capacity(r.outputs.len());
+        for o in r.outputs {
+            check_name("output", &o.name).map_err(|e| bad(e.0))?;
+            if !seen.insert(o.name.clone()) {
+                return Err(bad(format!(
+                    "output `{}` is requested more than once",
+                    o.name
+                )));
+            }
+            v.push(RequestedOutput {
+                name: o.name,
+                binary: None,
+            });
+        }
+        Some(v)
     };
     Ok(InferRequest {
         id: version_of(&r.id).map(str::to_string),
@@ -593,15 +677,16 @@ pub fn encode_response(
 impl GrpcService {
     /// An inference over gRPC: the service's one infer path, with the protobuf request
     /// parser and response encoder.
-    async fn infer(&self, r: ModelInferRequest) -> Result<ModelInferResponse, Status> {
-        let name = r.model_name.clone();
-        let version = r.model_version.clone();
-        let parse = || parse_request(r).map_err(|st| st.message().to_string());
+    async fn infer(&self, mut r: ModelInferRequest) -> Result<ModelInferResponse, Status> {
+        let name = std::mem::take(&mut r.model_name);
+        let version = std::mem::take(&mut r.model_version);
+        let size = prost::Message::encoded_len(&r);
+        let parse = move || parse_request(r).map_err(|st| st.message().to_string());
         let encode = |lv: &LoadedVersion, req: &InferRequest, selected| {
             encode_response(lv, req.id.as_deref(), selected, req.binary_data_output)
         };
         self.state
-            .infer(&name, version_of(&version), parse, encode)
+            .infer(&name, version_of(&version), size, parse, encode)
             .await
             .map_err(status_of)
     }
@@ -635,7 +720,10 @@ fn authorize<T>(s: &Service, req: &Request<T>) -> Result<(), Status> {
         .get("authorization")
         .and_then(|v| v.to_str().ok());
     let peer = req.remote_addr().map(|p| p.ip());
-    s.authorize_control(given, peer, Transport::Grpc)
+    let proxied = super::service::PROXY_HEADERS
+        .into_iter()
+        .find(|h| req.metadata().contains_key(*h));
+    s.authorize_control(given, peer, proxied, Transport::Grpc)
         .map_err(status_of)
 }
 
@@ -727,7 +815,24 @@ async fn repository_model_load(
     req: Request<RepositoryModelLoadRequest>,
 ) -> Result<RepositoryModelLoadResponse, Status> {
     authorize(s, &req)?;
-    let name = req.into_inner().model_name;
+    let r = req.into_inner();
+    let params: Vec<(String, super::service::LoadParameter)> = r
+        .parameters
+        .into_iter()
+        .map(|(k, v)| {
+            use model_repository_parameter::ParameterChoice as C;
+            let p = match v.parameter_choice {
+                Some(C::StringParam(t)) => super::service::LoadParameter::Text(t),
+                Some(C::BytesParam(b)) => {
+                    super::service::LoadParameter::Text(String::from_utf8_lossy(&b).into_owned())
+                }
+                other => super::service::LoadParameter::Other(format!("{other:?}")),
+            };
+            (k, p)
+        })
+        .collect();
+    let name = r.model_name;
+    s.check_load_parameters(&name, &params).map_err(status_of)?;
     let repo = s.repo.clone();
     blocking(move || repo.load_model(&name)).await?;
     Ok(RepositoryModelLoadResponse {})
@@ -773,6 +878,14 @@ impl GrpcInferenceService for GrpcService {
         let r = req.into_inner();
         match self.state.lookup(&r.name, version_of(&r.version)) {
             Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
+            // On disk but not loaded: known, not ready (as Triton answers).
+            Err(e)
+                if e.kind == ErrorKind::NotFound
+                    && r.version.is_empty()
+                    && self.state.repo.on_disk(&r.name) =>
+            {
+                Ok(Response::new(ModelReadyResponse { ready: false }))
+            }
             Err(e) if e.kind == ErrorKind::Unavailable => {
                 Ok(Response::new(ModelReadyResponse { ready: false }))
             }

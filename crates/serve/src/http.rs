@@ -38,7 +38,8 @@ type Shared = State<Arc<Service>>;
 
 /// An error answer.
 pub fn error(status: StatusCode, msg: impl Into<String>) -> Response {
-    (status, axum::Json(json!({"error": msg.into()}))).into_response()
+    let msg = super::protocol::bound_message(msg.into());
+    (status, axum::Json(json!({"error": msg}))).into_response()
 }
 
 /// The HTTP status of a service error.
@@ -270,6 +271,15 @@ async fn model_ready_v(State(s): Shared, Path((name, v)): Path<(String, String)>
 fn ready_for(s: &Service, name: &str, v: Option<&str>) -> Response {
     match s.lookup(name, v) {
         Ok(_) => ok_json(json!({"name": name, "ready": true})),
+        // A model on disk that is not loaded (explicit mode, or unloaded) is known and not
+        // ready, as in Triton: not 404.
+        Err(e) if e.kind == ErrorKind::NotFound && v.is_none() && s.repo.on_disk(name) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"name": name, "ready": false, "error": format!(
+                "model `{name}` is in the repository but not loaded"
+            )})),
+        )
+            .into_response(),
         Err(e) if e.kind == ErrorKind::Unavailable => (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({"name": name, "ready": false, "error": e.message})),
@@ -399,18 +409,22 @@ async fn infer_inner(
         Ok(b) => b,
         Err(r) => return r,
     };
-    let parse = || {
-        if let Some(enc) = headers.get(header::CONTENT_ENCODING)
-            && enc.as_bytes() != b"identity"
-        {
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .filter(|enc| enc.as_bytes() != b"identity")
+        .map(|enc| format!("{enc:?}"));
+    let hlen = headers
+        .get(HEADER_LENGTH)
+        .map(|v| v.to_str().unwrap_or("?").to_string());
+    let size = body.len();
+    let parse = move || {
+        if let Some(enc) = encoding {
             return Err(format!(
-                "Content-Encoding {enc:?} is not supported; send an uncompressed body"
+                "Content-Encoding {} is not supported; send an uncompressed body",
+                super::protocol::clip(&enc)
             ));
         }
-        let hlen = headers
-            .get(HEADER_LENGTH)
-            .map(|v| v.to_str().unwrap_or("?"));
-        InferRequest::parse(body, hlen).map_err(|e| e.0)
+        InferRequest::parse(body, hlen.as_deref()).map_err(|e| e.0)
     };
     let encode = |lv: &LoadedVersion, req: &InferRequest, selected: Vec<_>| {
         encode_response(
@@ -420,7 +434,7 @@ async fn infer_inner(
             &selected,
         )
     };
-    let enc = match s.infer(name, version, parse, encode).await {
+    let enc = match s.infer(name, version, size, parse, encode).await {
         Ok(enc) => enc,
         Err(e) => return failed(e),
     };
@@ -474,7 +488,10 @@ fn refused(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let peer = ext.get::<PeerAddr>().map(|PeerAddr(p)| p.ip());
-    s.authorize_control(given, peer, Transport::Http)
+    let proxied = super::service::PROXY_HEADERS
+        .into_iter()
+        .find(|h| headers.contains_key(*h));
+    s.authorize_control(given, peer, proxied, Transport::Http)
         .err()
         .map(|e| Box::new(failed(e)))
 }
@@ -522,13 +539,56 @@ async fn repository_load(
     Path(name): Path<String>,
     headers: HeaderMap,
     ext: axum::http::Extensions,
+    body: Bytes,
 ) -> Response {
     if let Some(r) = refused(&s, &headers, &ext) {
         return *r;
     }
+    let params = if body.iter().all(u8::is_ascii_whitespace) {
+        Vec::new()
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(v) => match v.get("parameters") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Object(m)) => m
+                    .iter()
+                    .map(|(k, v)| {
+                        let p = match v {
+                            Value::String(t) => super::service::LoadParameter::Text(t.clone()),
+                            other => super::service::LoadParameter::Other(other.to_string()),
+                        };
+                        (k.clone(), p)
+                    })
+                    .collect(),
+                Some(other) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "`parameters` of a load request must be an object, not {}",
+                            super::protocol::clip(&other.to_string())
+                        ),
+                    );
+                }
+            },
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("the load request body is not JSON: {e}"),
+                );
+            }
+        }
+    };
+    if let Err(e) = s.check_load_parameters(&name, &params) {
+        return failed(e);
+    }
     let repo = s.repo.clone();
-    match Service::blocking(move || repo.load_model(&name)).await {
-        Ok(_) => ok_json(json!({})),
+    match Service::blocking(move || {
+        let v = repo.load_model(&name)?;
+        Ok((name, v))
+    })
+    .await
+    {
+        Ok((name, v)) => ok_json(json!({"name": name, "version": v.to_string()})),
         Err(e) => failed(e),
     }
 }
@@ -586,13 +646,21 @@ async fn profile(
         Ok(w) => w,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    match live_profile::record(&root, window).await {
+    match live_profile::record_capped(&root, window, s.profile_max_events).await {
         Ok(p) => ok_json(json!({
             "dir": p.dir.display().to_string(),
             "trace": p.outputs.trace.display().to_string(),
             "key_averages": p.outputs.table_txt.display().to_string(),
             "key_averages_json": p.outputs.table_json.display().to_string(),
             "events": p.events,
+            "dropped_events": p.dropped,
+            "max_events": s.profile_max_events,
+            "message": (p.dropped > 0).then(|| format!(
+                "dropped {} events: the recording keeps at most {} (its memory stays bounded); \
+                 ask for a shorter window",
+                p.dropped,
+                s.profile_max_events
+            )),
             "duration_ms": ms,
             "table": p.outputs.averages.table(crate::observe::profiler::SortBy::Total, 30),
         })),

@@ -100,6 +100,13 @@ pub struct ServeConfig {
     pub control_token: Option<String>,
     /// Where `POST /v2/profile` writes its recordings (`None`: the endpoint is off).
     pub profile_dir: Option<PathBuf>,
+    /// Most events one on-demand profile keeps (default [`live_profile::MAX_EVENTS`]); the
+    /// rest of its window is counted as dropped.
+    pub profile_max_events: usize,
+    /// Serve on a non-loopback `host` without a control token (`--insecure-control`): the
+    /// control endpoints then answer only loopback peers whose requests carry no proxy
+    /// header, and a warning says so at start. Without it such a start is refused.
+    pub insecure_control: bool,
     /// The KServe v2 gRPC port on `host` (`Some(0)`: any free port; `None`: no gRPC). The
     /// CLI's default is Triton's 8001; the library's is off.
     pub grpc_port: Option<u16>,
@@ -121,6 +128,8 @@ impl Default for ServeConfig {
             model_control: ModelControlMode::Poll,
             control_token: None,
             profile_dir: None,
+            profile_max_events: live_profile::MAX_EVENTS,
+            insecure_control: false,
             grpc_port: None,
         }
     }
@@ -183,6 +192,32 @@ fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
             "--control-token must be at least 16 printable ASCII characters without spaces".into(),
         );
     }
+    if cfg.profile_max_events == 0 {
+        return bad("the profile event cap must be at least 1".into());
+    }
+    if cfg.control_token.is_none() && !is_loopback_host(&cfg.host) {
+        if !cfg.insecure_control {
+            return bad(format!(
+                "--host {} is not a loopback address but no control token is set: the control \
+                 endpoints (repository load/unload, profiling) would rest on the peer address \
+                 alone, which a local proxy or sidecar makes loopback. Set --control-token \
+                 (or KILN_CONTROL_TOKEN, e.g. from a Kubernetes Secret), bind 127.0.0.1, or \
+                 pass --insecure-control to serve anyway",
+                cfg.host
+            ));
+        }
+        tracing::warn!(
+            host = %cfg.host,
+            "WARNING: serving on a non-loopback address without a control token \
+             (--insecure-control): the control endpoints answer loopback peers without proxy \
+             headers only, and anything that relays traffic from this host reaches them"
+        );
+        eprintln!(
+            "kiln serve: WARNING: --host {} without --control-token (--insecure-control): \
+             control endpoints rest on the peer address alone",
+            cfg.host
+        );
+    }
     cfg.connection.validate()?;
     let engine = cfg.engine.clone().unwrap_or_else(default_engine);
     let names = crate::infer::engine_names();
@@ -199,6 +234,16 @@ fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
         ));
     }
     Ok(engine)
+}
+
+/// Whether `host` (a `--host` value) names only loopback addresses: a loopback IP or
+/// `localhost`. Anything else (`0.0.0.0`, `::`, a routable address or another name) is not.
+pub fn is_loopback_host(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    match h.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => h.eq_ignore_ascii_case("localhost"),
+    }
 }
 
 /// A running server.
@@ -422,6 +467,7 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         request_timeout: config.request_timeout,
         control_token: config.control_token.clone(),
         profile_dir: config.profile_dir.clone(),
+        profile_max_events: config.profile_max_events,
     });
     let grpc = match config.grpc_port {
         Some(port) => {

@@ -25,6 +25,13 @@ use crate::observe::schedule::Schedule;
 /// The longest window one request may ask for.
 pub const MAX_WINDOW: Duration = Duration::from_secs(60);
 
+/// Most events one recording keeps (and, separately, most memory samples). A request's
+/// spans number about ten, so this holds some 20,000 requests; under heavier load the rest
+/// of the window is counted (`dropped_events` in the answer) but not kept, so a recording
+/// stays within tens of MiB whatever the load, and its memory is returned when the answer
+/// has been written.
+pub const MAX_EVENTS: usize = 200_000;
+
 /// The step span of a serving profile.
 pub const STEP_NAME: &str = "serve_request";
 
@@ -65,6 +72,8 @@ pub struct LiveProfile {
     pub outputs: ProfileOutputs,
     /// Spans recorded.
     pub events: usize,
+    /// Spans (and memory samples) not kept because the window reached [`MAX_EVENTS`].
+    pub dropped: u64,
 }
 
 struct Release;
@@ -90,6 +99,15 @@ pub fn window(duration_ms: u64) -> Result<Duration, ProfileError> {
 /// Record the profiler's spans for `window` while the server serves, then write the
 /// outputs into a new directory under `root` (`serve-<unix ms>`).
 pub async fn record(root: &Path, window: Duration) -> Result<LiveProfile, ProfileError> {
+    record_capped(root, window, MAX_EVENTS).await
+}
+
+/// [`record`] with an event cap of `max_events` (tests use small caps).
+pub async fn record_capped(
+    root: &Path,
+    window: Duration,
+    max_events: usize,
+) -> Result<LiveProfile, ProfileError> {
     if BUSY
         .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
@@ -107,22 +125,26 @@ pub async fn record(root: &Path, window: Duration) -> Result<LiveProfile, Profil
         active: 1,
         repeat: 1,
     };
-    let mut prof = StepProfiler::new(schedule, Options::default(), dir.clone(), STEP_NAME);
+    let mut prof = StepProfiler::new(schedule, Options::default(), dir.clone(), STEP_NAME)
+        .with_max_events(max_events);
     let io = |source| ProfileError::Io {
         dir: dir.clone(),
         source,
     };
     prof.on_step(0).map_err(io)?;
     tokio::time::sleep(window).await;
-    let written = tokio::task::spawn_blocking(move || prof.finish())
-        .await
-        .map_err(|e| io(std::io::Error::other(e.to_string())))?
-        .map_err(io)?;
-    let outputs = written.ok_or(ProfileError::Empty(window))?;
+    let (written, dropped) = tokio::task::spawn_blocking(move || {
+        let w = prof.finish();
+        (w, prof.dropped())
+    })
+    .await
+    .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    let outputs = written.map_err(io)?.ok_or(ProfileError::Empty(window))?;
     let events = outputs.averages.rows.iter().map(|r| r.calls as usize).sum();
     Ok(LiveProfile {
         dir,
         outputs,
         events,
+        dropped,
     })
 }

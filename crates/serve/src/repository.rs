@@ -301,7 +301,10 @@ impl Repository {
         if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\']) {
             return Err(RepoError::new(
                 RepoErrorKind::InvalidArgument,
-                format!("`{name}` is not a model name (a directory of the repository)"),
+                format!(
+                    "`{}` is not a model name (a directory of the repository)",
+                    super::protocol::clip(name)
+                ),
             ));
         }
         let dir = self.config.root.join(name);
@@ -309,12 +312,18 @@ impl Repository {
             return Err(RepoError::new(
                 RepoErrorKind::NotFound,
                 format!(
-                    "model `{name}` is not in the repository: {} is not a directory",
-                    dir.display()
+                    "model `{}` is not in the repository: {} has no directory of that name",
+                    super::protocol::clip(name),
+                    self.config.root.display()
                 ),
             ));
         }
         Ok(dir)
+    }
+
+    /// Whether `name` is a model directory of the repository on disk (loaded or not).
+    pub fn on_disk(&self, name: &str) -> bool {
+        self.model_dir(name).is_ok()
     }
 
     /// Load (or reload) a model (explicit mode). Blocking: loads and warms the highest
@@ -332,6 +341,7 @@ impl Repository {
         if let Some(slot) = self.get(name) {
             slot.state.lock().expect("slot lock").failed.clear();
         }
+        let before = self.get(name).and_then(|s| s.current()).map(|c| c.version);
         let report = self.reload_locked(Some(name));
         let slot = self.get(name);
         let serving = slot.as_ref().and_then(|s| s.current()).map(|c| c.version);
@@ -352,6 +362,13 @@ impl Repository {
             });
         match (serving, problem) {
             (Some(v), None) => {
+                self.reasons.lock().expect("repository lock").remove(name);
+                Ok(v)
+            }
+            // The load put a version in service, though not the highest on disk: the model
+            // is ready, so the load succeeded; the versions it skipped are logged.
+            (Some(v), Some(e)) if before != Some(v) => {
+                tracing::warn!(model = %name, version = v, "loaded a lower version: {e}");
                 self.reasons.lock().expect("repository lock").remove(name);
                 Ok(v)
             }
@@ -389,7 +406,10 @@ impl Repository {
             }
             return Err(RepoError::new(
                 RepoErrorKind::NotFound,
-                format!("model `{name}` is neither loaded nor in the repository"),
+                format!(
+                    "model `{}` is neither loaded nor in the repository",
+                    super::protocol::clip(name)
+                ),
             ));
         };
         let old = slot.swap(None);

@@ -13,8 +13,12 @@ use std::time::{Duration, Instant};
 
 use super::batcher::InferFailure;
 use super::metrics::{Failure, Metrics};
-use super::protocol::{InferRequest, OutputTensor, select_outputs};
+use super::protocol::{InferRequest, OutputTensor, clip, select_outputs};
 use super::repository::{LoadedVersion, ModelSlot, RepoError, RepoErrorKind, Repository};
+
+/// Requests of at least this many bytes are parsed off the async runtime's workers (see
+/// [`Service::infer`]).
+pub const PARSE_OFF_RUNTIME_BYTES: usize = 64 << 10;
 
 /// What every transport shares: the models, the metrics and the request limits.
 pub struct Service {
@@ -30,7 +34,14 @@ pub struct Service {
     pub control_token: Option<String>,
     /// Where on-demand profiles go (`None`: profiling is off).
     pub profile_dir: Option<PathBuf>,
+    /// Most events one on-demand profile keeps.
+    pub profile_max_events: usize,
 }
+
+/// The request headers (HTTP) or metadata keys (gRPC) a proxy adds: a request carrying any
+/// of them was relayed, so its TCP peer says nothing about the client, and without a control
+/// token it may not call a control operation.
+pub const PROXY_HEADERS: [&str; 3] = ["forwarded", "x-forwarded-for", "x-real-ip"];
 
 /// Why an operation failed, in the terms both protocols map onto their own codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +95,16 @@ impl From<RepoError> for ServiceError {
         };
         Self::new(kind, e.message)
     }
+}
+
+/// One parameter of a repository load request (HTTP `parameters`, gRPC
+/// `RepositoryModelLoadRequest.parameters`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadParameter {
+    /// A string (or bytes) value.
+    Text(String),
+    /// Any other value, as text for the message.
+    Other(String),
 }
 
 /// Which transport asks, for the wording of the control operations' refusals.
@@ -143,7 +164,8 @@ impl Service {
             ServiceError::new(
                 ErrorKind::NotFound,
                 format!(
-                    "unknown model `{name}`; the repository has: {}",
+                    "unknown model `{}`; the repository has: {}",
+                    clip(name),
                     if names.is_empty() {
                         "(no models)".into()
                     } else {
@@ -160,11 +182,16 @@ impl Service {
     /// version's batcher within the request deadline, select the outputs and `encode` them.
     /// The version's success or failure (with its kind and latency, encoding included) is
     /// recorded here and nowhere else.
+    ///
+    /// `size` is the request's size in bytes: a request of [`PARSE_OFF_RUNTIME_BYTES`] or
+    /// more is parsed on the blocking pool, so that long parses never hold the runtime's
+    /// workers (which answer health checks and every other request).
     pub async fn infer<T>(
         &self,
         name: &str,
         version: Option<&str>,
-        parse: impl FnOnce() -> Result<InferRequest, String>,
+        size: usize,
+        parse: impl FnOnce() -> Result<InferRequest, String> + Send + 'static,
         encode: impl FnOnce(&LoadedVersion, &InferRequest, Vec<(OutputTensor, bool)>) -> T,
     ) -> Result<T, ServiceError> {
         let t0 = Instant::now();
@@ -174,8 +201,27 @@ impl Service {
             vm.record_failure(Failure::BadRequest, t0.elapsed());
             ServiceError::new(ErrorKind::InvalidArgument, msg)
         };
+        let req = if size >= PARSE_OFF_RUNTIME_BYTES {
+            let parsed = tokio::task::spawn_blocking(move || {
+                let _span = kiln_core::prof_span!("serve_parse").entered();
+                parse()
+            })
+            .await;
+            match parsed {
+                Ok(r) => r.map_err(bad)?,
+                Err(e) => {
+                    vm.record_failure(Failure::Internal, t0.elapsed());
+                    return Err(ServiceError::new(
+                        ErrorKind::Internal,
+                        format!("the request parser failed: {e}"),
+                    ));
+                }
+            }
+        } else {
+            let _span = kiln_core::prof_span!("serve_parse").entered();
+            parse().map_err(bad)?
+        };
         let decode_span = kiln_core::prof_span!("serve_decode").entered();
-        let req = parse().map_err(bad)?;
         if let Some(outs) = &req.outputs {
             for o in outs {
                 if !lv.spec.outputs.iter().any(|t| t.name == o.name) {
@@ -215,6 +261,11 @@ impl Service {
         };
         let _encode_span = kiln_core::prof_span!("serve_encode").entered();
         let selected = select_outputs(&req, outputs).map_err(|e| bad(e.0))?;
+        if let Some(why) = selected.iter().find_map(|(t, _)| t.non_finite()) {
+            tracing::error!(model = %name, version = lv.version, "{why}");
+            vm.record_failure(Failure::Internal, t0.elapsed());
+            return Err(ServiceError::new(ErrorKind::Internal, why));
+        }
         let answer = encode(&lv, &req, selected);
         vm.record_success(t0.elapsed());
         Ok(answer)
@@ -223,10 +274,14 @@ impl Service {
     /// Whether a control operation (repository index, load, unload; profiling) may proceed:
     /// with a control token, the caller must present it as `Bearer <token>`; without one,
     /// only loopback peers may call.
+    ///
+    /// `proxied` names the proxy header ([`PROXY_HEADERS`]) the request carries, if any: such
+    /// a request is not a loopback client's whatever its peer address.
     pub fn authorize_control(
         &self,
         authorization: Option<&str>,
         peer: Option<IpAddr>,
+        proxied: Option<&str>,
         transport: Transport,
     ) -> Result<(), ServiceError> {
         let (what, how) = match transport {
@@ -245,9 +300,17 @@ impl Service {
                 ErrorKind::Unauthenticated,
                 format!("this {what} needs {how}"),
             )),
-            None => match peer {
-                Some(p) if p.is_loopback() => Ok(()),
-                peer => Err(ServiceError::new(
+            None => match (peer, proxied) {
+                (_, Some(h)) => Err(ServiceError::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "{what}s answer loopback clients only, and this request came through a \
+                         proxy (it carries `{h}`), so its client is not known to be local; start \
+                         kiln serve with --control-token to allow it with a bearer token"
+                    ),
+                )),
+                (Some(p), None) if p.is_loopback() => Ok(()),
+                (peer, None) => Err(ServiceError::new(
                     ErrorKind::PermissionDenied,
                     format!(
                         "{what}s answer loopback clients only{}; start kiln serve with \
@@ -258,6 +321,68 @@ impl Service {
                 )),
             },
         }
+    }
+
+    /// Check a load request's parameters before loading: `config` (Triton's model
+    /// configuration override, a JSON object) may only restate what this server applies —
+    /// its `name` and its `max_batch_size` (set per server by --max-batch-size) — since kiln
+    /// has no per-model configuration to override; anything else, malformed JSON, or
+    /// another parameter (`file:…` model files) is refused (INVALID_ARGUMENT) rather than
+    /// ignored.
+    pub fn check_load_parameters(
+        &self,
+        name: &str,
+        params: &[(String, LoadParameter)],
+    ) -> Result<(), ServiceError> {
+        let bad = |m: String| ServiceError::new(ErrorKind::InvalidArgument, m);
+        let max_batch = self.repo.config().batcher.max_batch_size;
+        for (key, value) in params {
+            if key != "config" {
+                return Err(bad(format!(
+                    "load parameter `{}` is not supported; kiln loads the model directory as it is on disk (only `config` is understood)",
+                    clip(key)
+                )));
+            }
+            let text = match value {
+                LoadParameter::Text(t) => t,
+                LoadParameter::Other(v) => {
+                    return Err(bad(format!(
+                        "load parameter `config` must be a string holding a JSON object, not {}",
+                        clip(v)
+                    )));
+                }
+            };
+            let cfg: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+                bad(format!(
+                    "load parameter `config` is not valid JSON ({e}); expected a model configuration object such as {{\"max_batch_size\": {max_batch}}}"
+                ))
+            })?;
+            let Some(obj) = cfg.as_object() else {
+                return Err(bad(format!(
+                    "load parameter `config` must be a JSON object, not {}",
+                    clip(text)
+                )));
+            };
+            for (k, v) in obj {
+                match k.as_str() {
+                    "name" if v.as_str() == Some(name) => {}
+                    "max_batch_size" if v.as_u64() == Some(max_batch as u64) => {}
+                    "max_batch_size" => {
+                        return Err(bad(format!(
+                            "load config sets max_batch_size to {}, but this server batches every model up to {max_batch} rows (kiln serve --max-batch-size); restart it with --max-batch-size to change that",
+                            clip(&v.to_string())
+                        )));
+                    }
+                    other => {
+                        return Err(bad(format!(
+                            "load config key `{}` cannot be overridden: kiln has no per-model configuration to apply it to (it accepts `name` and `max_batch_size` when they match the server's)",
+                            clip(other)
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Run blocking repository work off the runtime's threads.
@@ -297,7 +422,8 @@ fn resolve_in(
     };
     let Ok(v) = v.parse::<u64>() else {
         return Err(not_found(format!(
-            "model `{name}` has no version `{v}` (versions are numbers)"
+            "model `{name}` has no version `{}` (versions are numbers)",
+            clip(v)
         )));
     };
     if let Some(c) = current.as_ref().filter(|c| c.version == v) {

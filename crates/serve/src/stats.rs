@@ -163,7 +163,10 @@ pub fn model_stats(
     let slot = repo.get(name).ok_or_else(|| {
         RepoError::new(
             RepoErrorKind::NotFound,
-            format!("unknown model `{name}`: it is not loaded"),
+            format!(
+                "unknown model `{}`: it is not loaded",
+                super::protocol::clip(name)
+            ),
         )
     })?;
     let current = slot.current();
@@ -178,7 +181,10 @@ pub fn model_stats(
             let Ok(v) = v.parse::<u64>() else {
                 return Err(RepoError::new(
                     RepoErrorKind::InvalidArgument,
-                    format!("model `{name}` has no version `{v}` (versions are numbers)"),
+                    format!(
+                        "model `{name}` has no version `{}` (versions are numbers)",
+                        super::protocol::clip(v)
+                    ),
                 ));
             };
             current.filter(|c| c.version == v).ok_or_else(|| {

@@ -140,9 +140,22 @@ struct Recorder {
     opts: Options,
     events: Vec<Event>,
     counters: Vec<CounterSample>,
+    /// Most events (and, separately, counter samples) kept; later ones are counted only.
+    max_events: usize,
+    /// Events and counter samples not kept because the cap was reached.
+    dropped: u64,
 }
 
 impl Recorder {
+    /// Keep `e` unless the cap is reached (then count it as dropped).
+    fn push(&mut self, e: Event) {
+        if self.events.len() < self.max_events {
+            self.events.push(e);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
     fn now_us(&self, at: Instant) -> f64 {
         at.saturating_duration_since(self.origin).as_secs_f64() * 1e6
     }
@@ -166,7 +179,11 @@ fn sample_memory(at: Instant, gpu: bool) {
             None
         },
     };
-    rec.counters.push(sample);
+    if rec.counters.len() < rec.max_events {
+        rec.counters.push(sample);
+    } else {
+        rec.dropped += 1;
+    }
 }
 
 /// Per-span data kept in the registry's extensions while recording.
@@ -277,7 +294,7 @@ where
             return;
         };
         let Some(rec) = guard.as_mut() else { return };
-        rec.events.push(Event {
+        rec.push(Event {
             name: t.name.clone(),
             cat: t.cat.to_string(),
             ts_us: rec.now_us(start),
@@ -314,7 +331,7 @@ pub fn record_interval(name: &str, start: Instant, end: Instant) {
         return;
     };
     let Some(rec) = guard.as_mut() else { return };
-    rec.events.push(Event {
+    rec.push(Event {
         name: name.to_string(),
         cat: "phase".into(),
         ts_us: rec.now_us(start),
@@ -346,6 +363,7 @@ pub struct StepProfiler {
     out_dir: PathBuf,
     step_name: String,
     done: bool,
+    dropped: u64,
 }
 
 impl StepProfiler {
@@ -358,6 +376,8 @@ impl StepProfiler {
                 opts,
                 events: Vec::new(),
                 counters: Vec::new(),
+                max_events: usize::MAX,
+                dropped: 0,
             });
         }
         Self {
@@ -365,7 +385,27 @@ impl StepProfiler {
             out_dir,
             step_name: step_name.to_string(),
             done: false,
+            dropped: 0,
         }
+    }
+
+    /// Keep at most `max` events (and at most `max` memory samples): a recording's memory
+    /// is bounded whatever the load; what comes after the cap is counted in
+    /// [`StepProfiler::dropped`] and not kept.
+    pub fn with_max_events(self, max: usize) -> Self {
+        if let Ok(mut g) = RECORDER.lock()
+            && let Some(rec) = g.as_mut()
+        {
+            rec.max_events = max;
+            rec.events.reserve(max.min(1 << 16));
+        }
+        self
+    }
+
+    /// Events and memory samples not kept because of [`StepProfiler::with_max_events`]
+    /// (known once the recording has finished).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// Call at the start of every step (optimizer step or inference iteration). Returns the
@@ -401,6 +441,7 @@ impl StepProfiler {
         let Some(rec) = RECORDER.lock().ok().and_then(|mut g| g.take()) else {
             return Ok(None);
         };
+        self.dropped = rec.dropped;
         if rec.events.is_empty() {
             return Ok(None);
         }

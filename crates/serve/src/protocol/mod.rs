@@ -39,6 +39,73 @@ pub use tensor::{InputData, InputTensor, JsonData};
 /// The header that gives the length of the JSON part of a binary request or response.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
+/// Most input tensors one inference request may carry (HTTP and gRPC). A kiln model takes
+/// one or a few; more are refused at once, before any per-input work.
+pub const MAX_INPUTS: usize = 64;
+
+/// Most outputs one inference request may ask for (HTTP and gRPC).
+pub const MAX_OUTPUTS: usize = 64;
+
+/// Longest tensor (input or output) name a request may use, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// How much of a client's string an error message echoes, in characters.
+pub const ECHO_CHARS: usize = 64;
+
+/// Longest error message a client gets, in bytes (a safety net under [`clip`]: gRPC carries
+/// the message in a header, which clients cap).
+pub const MAX_MESSAGE_BYTES: usize = 2048;
+
+/// A client-supplied string as error messages echo it: at most [`ECHO_CHARS`] characters,
+/// with the full length said when it was cut.
+pub fn clip(s: &str) -> String {
+    match s.char_indices().nth(ECHO_CHARS) {
+        None => s.to_string(),
+        Some((at, _)) => format!("{}… ({} bytes)", &s[..at], s.len()),
+    }
+}
+
+/// An error message cut to [`MAX_MESSAGE_BYTES`] (at a character boundary).
+pub fn bound_message(mut m: String) -> String {
+    if m.len() > MAX_MESSAGE_BYTES {
+        let mut at = MAX_MESSAGE_BYTES - 32;
+        while !m.is_char_boundary(at) {
+            at -= 1;
+        }
+        let total = m.len();
+        m.truncate(at);
+        m.push_str(&format!("… (message of {total} bytes cut)"));
+    }
+    m
+}
+
+/// Refuse a tensor name longer than [`MAX_NAME_BYTES`] (`what`: `input` or `output`).
+pub fn check_name(what: &str, name: &str) -> Result<(), ProtocolError> {
+    if name.len() > MAX_NAME_BYTES {
+        return err(format!(
+            "{what} name `{}` is {} bytes long; at most {MAX_NAME_BYTES} are accepted",
+            clip(name),
+            name.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Refuse more than [`MAX_INPUTS`] inputs or [`MAX_OUTPUTS`] requested outputs.
+pub fn check_counts(inputs: usize, outputs: usize) -> Result<(), ProtocolError> {
+    if inputs > MAX_INPUTS {
+        return err(format!(
+            "the request has {inputs} inputs; at most {MAX_INPUTS} are accepted per request"
+        ));
+    }
+    if outputs > MAX_OUTPUTS {
+        return err(format!(
+            "the request asks for {outputs} outputs; at most {MAX_OUTPUTS} are accepted per request"
+        ));
+    }
+    Ok(())
+}
+
 /// A request that cannot be served as sent (HTTP 400), with a message naming the problem.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{0}")]
@@ -183,4 +250,27 @@ pub struct OutputTensor {
     pub shape: Vec<usize>,
     /// Its data.
     pub data: OutputData,
+}
+
+impl OutputTensor {
+    /// The first element that is not finite, as a message naming the output, the row (the
+    /// first dimension) and the column; `None` when every element is finite. A server never
+    /// answers such a value (JSON would carry it as `null`).
+    pub fn non_finite(&self) -> Option<String> {
+        let (at, value) = match &self.data {
+            OutputData::F32(v) => v
+                .iter()
+                .position(|x| !x.is_finite())
+                .map(|i| (i, v[i] as f64)),
+            OutputData::F64(v) => v.iter().position(|x| !x.is_finite()).map(|i| (i, v[i])),
+        }?;
+        let per_row: usize = self.shape.iter().skip(1).product::<usize>().max(1);
+        Some(format!(
+            "the model computed a non-finite value ({value}) for output `{}` at row {} column {} \
+             (the row's inputs overflow the model's arithmetic); no answer is sent for it",
+            self.name,
+            at / per_row,
+            at % per_row
+        ))
+    }
 }

@@ -1,12 +1,14 @@
 //! The server's side of a request: parse the body (JSON, optionally followed by binary
 //! tensor data) into an [`InferRequest`] of validated inputs and requested outputs.
 
+use std::collections::HashSet;
+
 use axum::body::Bytes;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::tensor::{InputData, InputTensor, JsonData};
-use super::{Datatype, ProtocolError, err};
+use super::{Datatype, ProtocolError, check_counts, check_name, err};
 
 #[derive(Deserialize)]
 struct RawRequest {
@@ -122,12 +124,14 @@ impl InferRequest {
         if raw.inputs.is_empty() {
             return err("request has no inputs");
         }
+        check_counts(raw.inputs.len(), raw.outputs.as_ref().map_or(0, Vec::len))?;
         let mut offset = json_len;
         let mut inputs = Vec::with_capacity(raw.inputs.len());
+        let mut seen = HashSet::with_capacity(raw.inputs.len());
         for input in raw.inputs {
             let name = input.name;
             let (datatype, shape, count) =
-                input_header(&name, &input.datatype, &input.shape, &inputs)?;
+                input_header(&name, &input.datatype, &input.shape, &mut seen)?;
             let binary_size = match input
                 .parameters
                 .as_ref()
@@ -199,8 +203,10 @@ impl InferRequest {
             None => None,
             Some(outs) => {
                 let mut v: Vec<RequestedOutput> = Vec::with_capacity(outs.len());
+                let mut seen = HashSet::with_capacity(outs.len());
                 for o in outs {
-                    if v.iter().any(|x| x.name == o.name) {
+                    check_name("output", &o.name)?;
+                    if !seen.insert(o.name.clone()) {
                         return err(format!("output `{}` is requested more than once", o.name));
                     }
                     if o.parameters
@@ -235,18 +241,21 @@ impl InferRequest {
 }
 
 /// The checks every input tensor's header gets, whichever protocol carried it (JSON here,
-/// gRPC in `serve::grpc`): a name not given by an `earlier` input, a known datatype, no
-/// negative dimension, an element count that fits. Returns the datatype, the shape and the
-/// element count.
+/// gRPC in `serve::grpc`): a name of at most [`super::MAX_NAME_BYTES`] not among the names
+/// `seen` so far (a hash set: linear time over the request), a known datatype, no negative
+/// dimension, an element count that fits. Returns the datatype, the shape and the element
+/// count.
 pub(crate) fn input_header(
     name: &str,
     datatype: &str,
     shape: &[i64],
-    earlier: &[InputTensor],
+    seen: &mut HashSet<String>,
 ) -> Result<(Datatype, Vec<usize>, usize), ProtocolError> {
-    if earlier.iter().any(|i| i.name == name) {
+    check_name("input", name)?;
+    if !seen.insert(name.to_string()) {
         return err(format!("input `{name}` is given more than once"));
     }
+    let datatype = &super::clip(datatype);
     let dt = Datatype::parse(datatype).ok_or_else(|| {
         ProtocolError(format!(
             "input `{name}` has unknown datatype `{datatype}`; expected one of {}",
@@ -332,9 +341,68 @@ mod tests {
             let e = parse(body).unwrap_err();
             assert!(e.0.contains(want), "{body}: {e}");
         }
+        let names_over = format!(
+            r#"{{"inputs":[{{"name":"{}","shape":[1],"datatype":"FP32","data":[1]}}]}}"#,
+            "n".repeat(super::super::MAX_NAME_BYTES + 1)
+        );
+        let e = parse(&names_over).unwrap_err();
+        assert!(e.0.contains("at most 256") && e.0.len() < 200, "{e}");
         let big = parse(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1e39]}]}"#)
             .unwrap();
         let e = big.inputs[0].to_f32().unwrap_err();
         assert!(e.0.contains("inf after conversion to FP32"), "{e}");
+    }
+
+    #[test]
+    fn input_and_output_counts_are_capped_and_duplicates_found_in_linear_time() {
+        use super::super::{MAX_INPUTS, MAX_OUTPUTS};
+        let input =
+            |k: usize| format!(r#"{{"name":"x{k}","shape":[1],"datatype":"FP32","data":[1]}}"#);
+        let body = |n: usize, outs: usize| {
+            let inputs: Vec<String> = (0..n).map(input).collect();
+            let outputs: Vec<String> = (0..outs).map(|k| format!(r#"{{"name":"o{k}"}}"#)).collect();
+            format!(
+                r#"{{"inputs":[{}],"outputs":[{}]}}"#,
+                inputs.join(","),
+                outputs.join(",")
+            )
+        };
+        assert!(parse(&body(MAX_INPUTS, MAX_OUTPUTS)).is_ok());
+        let e = parse(&body(MAX_INPUTS + 1, 1)).unwrap_err();
+        assert!(e.0.contains("has 65 inputs; at most 64"), "{e}");
+        let e = parse(&body(1, MAX_OUTPUTS + 1)).unwrap_err();
+        assert!(e.0.contains("asks for 65 outputs; at most 64"), "{e}");
+        let dup = format!(r#"{{"inputs":[{},{}]}}"#, input(3), input(3));
+        assert!(
+            parse(&dup)
+                .unwrap_err()
+                .0
+                .contains("`x3` is given more than once")
+        );
+        let dup_out = format!(
+            r#"{{"inputs":[{}],"outputs":[{{"name":"m"}},{{"name":"m"}}]}}"#,
+            input(0)
+        );
+        assert!(
+            parse(&dup_out)
+                .unwrap_err()
+                .0
+                .contains("`m` is requested more than once")
+        );
+    }
+
+    #[test]
+    fn echoed_strings_and_messages_are_clipped() {
+        use super::super::{ECHO_CHARS, MAX_MESSAGE_BYTES, bound_message, clip};
+        assert_eq!(clip("short"), "short");
+        let long = "é".repeat(20_000);
+        let c = clip(&long);
+        assert!(
+            c.starts_with(&"é".repeat(ECHO_CHARS)) && c.ends_with("… (40000 bytes)"),
+            "{c}"
+        );
+        let m = bound_message("x".repeat(100_000));
+        assert!(m.len() <= MAX_MESSAGE_BYTES && m.ends_with("(message of 100000 bytes cut)"));
+        assert_eq!(bound_message("ok".into()), "ok");
     }
 }
