@@ -83,10 +83,7 @@ fn print_summary(s: &RunSummary, quiet: bool) {
         );
     }
     if let Some(r) = &o.report {
-        eprintln!(
-            "beats persistence, training mean and constant variance on every target: {}",
-            if r.beats_all() { "yes" } else { "NO" }
-        );
+        eprintln!("{}", r.verdict());
     }
     eprintln!(
         "run {} finished in {:.1} s; {} parameters",

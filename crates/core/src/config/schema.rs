@@ -47,6 +47,20 @@ pub struct ExperimentConfig {
     /// Distillation from a teacher (absent: ordinary training); see [`DistillConfig`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distill: Option<DistillConfig>,
+    /// Post-hoc recalibration of the variance head on the validation split (absent: none);
+    /// see [`Calibration`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
+}
+
+/// Post-hoc recalibration of the predicted standard deviations.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Calibration {
+    /// One scale per target fitted on the validation split to minimise the Gaussian NLL
+    /// (`s² = mean(r²/σ²)`), folded into the log-variance head's bias (`+ ln s²`) so that
+    /// every consumer of the checkpoint (predict, serve, pick, the ONNX export) applies it.
+    VarianceScaling,
 }
 
 fn default_name() -> String {
