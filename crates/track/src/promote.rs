@@ -11,6 +11,10 @@
 //! * **quality**: no target's test MSE worse than the served one's by more than
 //!   [`Gates::max_mse_increase`] (a fraction, `0.05` = 5 %), and the mean Gaussian NLL no
 //!   worse by more than [`Gates::max_nll_increase`] (nats per value);
+//! * **uncertainty** (rows named `uncertainty …`, kept apart so the rule can become a paired
+//!   one): per target, the test CRPS no worse than [`Gates::max_crps_increase`] (relative) and
+//!   the PIT calibration error no worse than [`Gates::max_calibration_error_increase`]
+//!   (absolute); without a limit the rows are shown and pass;
 //! * **latency**: the median at each benchmark batch size (1 and 128) below
 //!   [`Gates::max_latency_ratio`] (1.5×, the registry's regression rule) times the served
 //!   one's;
@@ -45,6 +49,7 @@ use crate::infer::{InferError, build_engine};
 use crate::predict::{Prediction, Predictor};
 use crate::registry::{PromotionRow, Registry, RegistryError};
 use crate::rng::SplitMix64;
+use crate::train::uncertainty;
 use crate::util;
 
 /// Why a promotion could not be decided or carried out.
@@ -127,6 +132,14 @@ pub struct Gates {
     /// The candidate's median latency must stay below this multiple of the served one's at
     /// every benchmark batch size (the registry's regression rule: 1.5).
     pub max_latency_ratio: f64,
+    /// Uncertainty gate (absent: the rows are shown, not enforced): largest allowed relative
+    /// increase of any target's test CRPS (0.05 = 5 %).
+    #[serde(default)]
+    pub max_crps_increase: Option<f64>,
+    /// Uncertainty gate (absent: shown, not enforced): largest allowed absolute increase of any
+    /// target's test calibration error (the PIT miscalibration area, 0 … 0.5).
+    #[serde(default)]
+    pub max_calibration_error_increase: Option<f64>,
 }
 
 impl Default for Gates {
@@ -135,6 +148,8 @@ impl Default for Gates {
             max_mse_increase: 0.05,
             max_nll_increase: 0.05,
             max_latency_ratio: 1.5,
+            max_crps_increase: None,
+            max_calibration_error_increase: None,
         }
     }
 }
@@ -163,6 +178,12 @@ pub struct TargetQuality {
     pub mse: f64,
     /// Mean Gaussian NLL of the predicted mean and standard deviation.
     pub nll: f64,
+    /// Mean CRPS of the predicted Gaussian.
+    #[serde(default)]
+    pub crps: f64,
+    /// PIT miscalibration area (see `kiln_core::train::uncertainty`).
+    #[serde(default)]
+    pub calibration_error: f64,
 }
 
 /// A model's test metrics.
@@ -335,6 +356,7 @@ pub fn decide(gates: &Gates, candidate: &Measurement, incumbent: Option<&Measure
             gates.max_nll_increase
         ),
     });
+    checks.extend(uncertainty_checks(gates, q, &inc.quality));
     for b in &candidate.latency {
         let Some(ib) = inc.latency.iter().find(|x| x.batch == b.batch) else {
             continue;
@@ -359,6 +381,60 @@ pub fn decide(gates: &Gates, candidate: &Measurement, incumbent: Option<&Measure
     }
 }
 
+/// The uncertainty rows of the gate, one per target for CRPS and for calibration error, kept
+/// apart from the MSE/NLL rows so that the rule (today a tolerance against the served version)
+/// can be switched to a paired one alone. Without a limit a row is shown and passes.
+pub fn uncertainty_checks(gates: &Gates, cand: &Quality, inc: &Quality) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for t in &cand.targets {
+        let Some(it) = inc.targets.iter().find(|x| x.target == t.target) else {
+            continue;
+        };
+        let limit = gates.max_crps_increase.map(|f| it.crps * (1.0 + f));
+        checks.push(Check {
+            name: format!("uncertainty crps {}", t.target),
+            candidate: t.crps,
+            incumbent: Some(it.crps),
+            limit,
+            passed: limit.is_none_or(|l| t.crps.is_finite() && t.crps <= l),
+            detail: format!(
+                "test CRPS of {} {:.6} vs served {:.6} ({:+.2} %, {})",
+                t.target,
+                t.crps,
+                it.crps,
+                (t.crps / it.crps - 1.0) * 100.0,
+                gates
+                    .max_crps_increase
+                    .map(|f| format!("limit {:+.2} %", f * 100.0))
+                    .unwrap_or_else(|| "no limit: --max-crps-increase".into())
+            ),
+        });
+        let limit = gates
+            .max_calibration_error_increase
+            .map(|d| it.calibration_error + d);
+        checks.push(Check {
+            name: format!("uncertainty calibration {}", t.target),
+            candidate: t.calibration_error,
+            incumbent: Some(it.calibration_error),
+            limit,
+            passed: limit
+                .is_none_or(|l| t.calibration_error.is_finite() && t.calibration_error <= l),
+            detail: format!(
+                "test calibration error of {} {:.4} vs served {:.4} ({:+.4}, {})",
+                t.target,
+                t.calibration_error,
+                it.calibration_error,
+                t.calibration_error - it.calibration_error,
+                gates
+                    .max_calibration_error_increase
+                    .map(|d| format!("limit {d:+.4}"))
+                    .unwrap_or_else(|| "no limit: --max-calibration-error-increase".into())
+            ),
+        });
+    }
+    checks
+}
+
 /// Test metrics of `predictor` on `split` (original units).
 pub fn quality(
     predictor: &mut Predictor,
@@ -370,6 +446,8 @@ pub fn quality(
     let k = targets.len();
     let mut sse = vec![0.0f64; k];
     let mut snll = vec![0.0f64; k];
+    // Per target (y, μ, σ) for the uncertainty scores.
+    let mut cols: Vec<[Vec<f64>; 3]> = (0..k).map(|_| [vec![], vec![], vec![]]).collect();
     let mut out = Prediction {
         mean: Vec::new(),
         std: Vec::new(),
@@ -384,6 +462,9 @@ pub fn quality(
             let (m, s) = (m as f64, s as f64);
             sse[j] += (y - m).powi(2);
             snll[j] += util::HALF_LN_2PI + util::gaussian_nll(y, m, 2.0 * s.ln());
+            cols[j][0].push(y);
+            cols[j][1].push(m);
+            cols[j][2].push(s);
         }
     }
     let n = rows.max(1) as f64;
@@ -392,10 +473,16 @@ pub fn quality(
         targets: targets
             .iter()
             .enumerate()
-            .map(|(j, t)| TargetQuality {
-                target: t.clone(),
-                mse: sse[j] / n,
-                nll: snll[j] / n,
+            .map(|(j, t)| {
+                let [y, mu, sd] = &cols[j];
+                let pit = uncertainty::pit(y, mu, sd);
+                TargetQuality {
+                    target: t.clone(),
+                    mse: sse[j] / n,
+                    nll: snll[j] / n,
+                    crps: uncertainty::crps(y, mu, sd, None),
+                    calibration_error: uncertainty::calibration_error(&pit, None),
+                }
             })
             .collect(),
         nll: snll.iter().sum::<f64>() / (n * k.max(1) as f64),
@@ -727,7 +814,11 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         && g.max_mse_increase.is_finite()
         && g.max_mse_increase >= 0.0
         && g.max_nll_increase.is_finite()
-        && g.max_nll_increase >= 0.0;
+        && g.max_nll_increase >= 0.0
+        && [g.max_crps_increase, g.max_calibration_error_increase]
+            .iter()
+            .flatten()
+            .all(|v| v.is_finite() && *v >= 0.0);
     if !valid {
         return Err(PromoteError::Invalid(format!(
             "gate thresholds must be finite and non-negative (latency ratio positive): {g:?}"

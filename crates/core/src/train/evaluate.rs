@@ -9,8 +9,6 @@ use crate::data::dataset::Affine;
 use crate::data::{ColumnStats, Subset};
 use crate::model::RegressionNet;
 
-use crate::util::HALF_LN_2PI;
-
 /// Network outputs for a split, normalised units, row-major `rows × k`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SplitPredictions {
@@ -538,6 +536,7 @@ pub fn residual_correlation(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::HALF_LN_2PI;
 
     #[test]
     fn perfectly_correlated_residuals_give_unit_correlation() {
