@@ -618,6 +618,7 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         );
         html.push_str("</div>\n");
     }
+    let calibration = calibration_section(&rows, out)?;
     html.push_str("<table><tr><th>run</th><th>status</th><th>params</th><th>val loss</th><th>b1 p50 µs</th><th>b128 p50 µs</th><th>flag</th>");
     for k in &notes.varying {
         let _ = write!(html, "<th>{}</th>", kiln::util::escape_xml(k));
@@ -646,13 +647,95 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         }
         html.push_str("</tr>\n");
     }
-    html.push_str("</table></body></html>\n");
+    html.push_str("</table>\n");
+    html.push_str(&calibration.0);
+    html.push_str("</body></html>\n");
     let page = out.join("report.html");
     write_atomic(&page, html.as_bytes())?;
-    for p in [&lat_svg, &lat_png, &m_svg, &m_png, &page] {
+    for p in [&lat_svg, &lat_png, &m_svg, &m_png]
+        .into_iter()
+        .chain(&calibration.1)
+        .chain([&page])
+    {
         println!("{}", p.display());
     }
     Ok(())
+}
+
+/// Runs whose calibration the report draws: the newest with a test report.
+const CALIBRATION_RUNS: usize = 5;
+
+/// The report's calibration section: for the newest finished runs with a test report, each
+/// target's reliability diagram and PIT histogram, drawn from the registry's metrics into
+/// `out/calibration/<run>/` and inlined. Returns the HTML and the files written.
+fn calibration_section(rows: &[RunRow], out: &Path) -> Result<(String, Vec<PathBuf>), CliError> {
+    use kiln::observe::calibration::{TargetCalibration, write_figures};
+    let mut html = String::new();
+    let mut files = Vec::new();
+    let with_data: Vec<&RunRow> = rows
+        .iter()
+        .filter(|r| {
+            split_metrics(r, "test").is_some_and(|t| {
+                t["targets"][0]["coverage_curve"]
+                    .as_array()
+                    .is_some_and(|a| !a.is_empty())
+            })
+        })
+        .collect();
+    let newest = &with_data[with_data.len().saturating_sub(CALIBRATION_RUNS)..];
+    if newest.is_empty() {
+        return Ok((html, files));
+    }
+    let _ = writeln!(
+        html,
+        "<h2>Calibration of the uncertainty head (test split)</h2><p>Per target: central-interval coverage against nominal (the diagonal is perfect) and the PIT histogram (flat at 1 is calibrated; ∪ means σ too small, ∩ too large). The newest {} runs with a test report.</p>",
+        newest.len()
+    );
+    for r in newest.iter().rev() {
+        let rep = split_metrics(r, "test").expect("filtered above");
+        let data: Vec<TargetCalibration> = rep["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| TargetCalibration {
+                target: t["target"].as_str().unwrap_or("?").to_string(),
+                coverage: serde_json::from_value(t["coverage_curve"].clone()).unwrap_or_default(),
+                pit_histogram: serde_json::from_value(t["pit_histogram"].clone())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        let safe: String =
+            r.id.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+        let dir = out.join("calibration").join(safe);
+        std::fs::create_dir_all(&dir)?;
+        let written = write_figures(&dir, "test", &data)?;
+        let _ = writeln!(html, "<h3>{}</h3><div>", kiln::util::escape_xml(&r.id));
+        for svg in written
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "svg"))
+        {
+            let text = std::fs::read_to_string(svg)?;
+            html.push_str("<span style=\"display:inline-block\">");
+            html.push_str(
+                text.trim_start_matches(|c| c != '<')
+                    .split_once("?>")
+                    .map(|(_, b)| b)
+                    .unwrap_or(&text),
+            );
+            html.push_str("</span>");
+        }
+        html.push_str("</div>\n");
+        files.extend(written);
+    }
+    Ok((html, files))
 }
 
 /// Options of `kiln runs regressions`.

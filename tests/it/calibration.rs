@@ -111,6 +111,14 @@ async fn variance_scaling_moves_test_calibration_toward_nominal_in_every_consume
         info.std_scale
     );
     assert!(m.metrics["validation"]["targets"].is_array());
+    // The pictures: per target a reliability diagram and PIT histogram, SVG and PNG.
+    let run_dir = export.parent().unwrap();
+    for t in ["hr_rate", "bb_rate", "so_rate"] {
+        let svg = std::fs::read_to_string(run_dir.join(format!("calibration_{t}.svg"))).unwrap();
+        assert!(svg.contains("PIT histogram") && svg.contains("nominal coverage"));
+        let png = std::fs::read(run_dir.join(format!("calibration_{t}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
 
     // The Predictor (kiln predict, kiln pick): σ = s · σ of the uncalibrated network.
     let n = 9;

@@ -147,6 +147,10 @@ pub struct TargetReport {
     /// The model's PIT histogram ([`super::uncertainty::PIT_BINS`] fractions).
     #[serde(default)]
     pub pit_histogram: Vec<f64>,
+    /// (nominal, observed) coverage at [`super::uncertainty::CURVE_LEVELS`]: the reliability
+    /// diagram.
+    #[serde(default)]
+    pub coverage_curve: Vec<(f64, f64)>,
 }
 
 impl TargetReport {
@@ -221,6 +225,18 @@ impl EvalReport {
     /// Whether the model beats every baseline on every target.
     pub fn beats_all(&self) -> bool {
         self.targets.iter().all(TargetReport::beats_all)
+    }
+
+    /// The data of the calibration figures ([`crate::observe::calibration`]).
+    pub fn calibration_data(&self) -> Vec<crate::observe::calibration::TargetCalibration> {
+        self.targets
+            .iter()
+            .map(|t| crate::observe::calibration::TargetCalibration {
+                target: t.target.clone(),
+                coverage: t.coverage_curve.clone(),
+                pit_histogram: t.pit_histogram.clone(),
+            })
+            .collect()
     }
 
     /// The verdict line: for each baseline that exists on some target, whether the model
@@ -449,6 +465,7 @@ pub fn evaluate_weighted(
             sharpness: model.sharpness,
             sharpness_constant_variance: constant.sharpness,
             pit_histogram: model.pit_histogram,
+            coverage_curve: model.coverage_curve,
         });
     }
     EvalReport {

@@ -83,6 +83,8 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
         let report = eval("test", &tpred, &data.test);
         self.reporter.line(&report.table());
         self.reporter.line(&report.uncertainty_table());
+        crate::observe::calibration::write_figures(&run.path, "test", &report.calibration_data())
+            .map_err(io_err(&run.path))?;
         if let (Some(b), Some(c)) = (&before, &calibration) {
             self.reporter
                 .line(&recalibration_table(b, &report, &c.std_scale));

@@ -18,6 +18,9 @@ use crate::util::HALF_LN_2PI;
 /// Nominal central-interval coverages reported (50, 80, 90 and 95 %).
 pub const COVERAGE_LEVELS: [f64; 4] = [0.5, 0.8, 0.9, 0.95];
 
+/// Nominal levels of the reliability curve (central-interval coverage).
+pub const CURVE_LEVELS: [f64; 11] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99];
+
 /// Bins of the PIT histogram.
 pub const PIT_BINS: usize = 10;
 
@@ -174,6 +177,8 @@ pub struct GaussianScores {
     pub sharpness: f64,
     /// PIT histogram (fractions).
     pub pit_histogram: Vec<f64>,
+    /// (nominal, observed) coverage at [`CURVE_LEVELS`].
+    pub coverage_curve: Vec<(f64, f64)>,
 }
 
 /// Score `N(μᵢ, σᵢ²)` against `y`.
@@ -186,6 +191,10 @@ pub fn gaussian_scores(y: &[f64], mu: &[f64], sd: &[f64], w: Option<&[f64]>) -> 
         calibration_error: calibration_error(&u, w),
         sharpness: sharpness(sd, w),
         pit_histogram: pit_histogram(&u, w),
+        coverage_curve: CURVE_LEVELS
+            .iter()
+            .map(|&l| (l, coverage(&u, l, w)))
+            .collect(),
     }
 }
 
