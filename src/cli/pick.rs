@@ -85,9 +85,8 @@ pub struct EvaluateArgs {
 
 /// Run `kiln pick evaluate`.
 pub fn evaluate(a: &EvaluateArgs) -> CliResult {
-    use kiln::pick::outcomes::{self, LineSource, SplitRows};
+    use kiln::pick::outcomes;
     let ckpt = Checkpoint::load(&a.checkpoint).map_err(CliError::input)?;
-    let m = &ckpt.manifest;
     let config_path = match &a.config {
         Some(p) => p.clone(),
         None => {
@@ -103,64 +102,16 @@ pub fn evaluate(a: &EvaluateArgs) -> CliResult {
         }
     };
     let loaded = kiln::config::load(&config_path).map_err(CliError::input)?;
-    let data = kiln::data::Dataset::load(&loaded.config.data).map_err(CliError::input)?;
-    if data.sha256 != m.dataset.sha256 {
-        return Err(CliError::input(anyhow::anyhow!(
-            "{}: sha256 {} differs from the checkpoint's dataset ({}); the outcomes would not be the rows it was judged on",
-            data.path.display(),
-            data.sha256,
-            m.dataset.sha256
-        )));
-    }
-    if data.features != m.feature_names() || data.targets != m.target_names() {
-        return Err(CliError::input(anyhow::anyhow!(
-            "{}: its data.features/data.targets differ from the checkpoint's",
-            config_path.display()
-        )));
-    }
-    let k = data.targets.len();
-    let mut lines = Vec::with_capacity(k);
-    let mut names = Vec::with_capacity(k);
-    for (j, t) in data.targets.iter().enumerate() {
-        let l1 = format!("{t}_l1");
-        match data.features.iter().position(|f| *f == l1) {
-            Some(f) => {
-                lines.push(LineSource::Persistence(f));
-                names.push(format!("{t}: persistence ({l1})"));
-            }
-            None => {
-                let ys: Vec<f64> = (0..data.train.rows())
-                    .map(|i| data.train.y[i * k + j] as f64)
-                    .collect();
-                let med = outcomes::median(&ys);
-                lines.push(LineSource::Fixed(med));
-                names.push(format!("{t}: training median {med:.6}"));
-            }
-        }
-    }
-    let mvn = HaltonMvnCdfConfig::new()
-        .with_max_dim(k.max(1))
-        .with_points(a.points)
-        .with_randomizations(a.randomizations)
-        .with_seed(a.seed)
-        .with_method(MvnMethod::Genz)
-        .init::<kiln::backend::Cpu>(&Default::default())
-        .map_err(CliError::input)?;
-    let engine = build_engine("burn", &ckpt.weights, 1).map_err(CliError::input)?;
-    let mut predictor = Predictor::for_checkpoint(&ckpt, engine);
-    let corr = pick::correlation(m, None);
-    fn split(s: &kiln::data::Subset) -> SplitRows<'_> {
-        SplitRows { x: &s.x, y: &s.y }
-    }
-    let ev = outcomes::evaluate_outcomes(
-        &mut predictor,
-        &mvn,
-        &corr,
-        split(&data.test),
-        split(&data.validation),
-        &lines,
-        names,
-    )?;
+    let est = outcomes::EstimatorSettings {
+        points: a.points,
+        randomizations: a.randomizations,
+        seed: a.seed,
+    };
+    let ev =
+        outcomes::evaluate_checkpoint(&ckpt, &loaded.config.data, est).map_err(|e| match e {
+            PickError::Infer(_) => CliError::from(e),
+            other => CliError::input(other),
+        })?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&ev)?);
     } else {

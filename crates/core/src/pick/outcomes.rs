@@ -18,7 +18,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::PickError;
-use crate::model::mvn::{HaltonMvnCdf, Leg, PickCorrelation, Side, pick_probabilities};
+use crate::artifact::Checkpoint;
+use crate::data::{DataError, Dataset};
+use crate::model::mvn::{
+    HaltonMvnCdf, HaltonMvnCdfConfig, Leg, MvnMethod, PickCorrelation, Side, pick_probabilities,
+};
 use crate::predict::Predictor;
 
 /// Probabilities are clamped to `[EPS, 1 − EPS]` for the log loss.
@@ -367,6 +371,99 @@ pub fn evaluate_outcomes(
         lines: line_names,
         kinds,
     })
+}
+
+/// The estimator's settings for [`evaluate_checkpoint`].
+#[derive(Debug, Clone, Copy)]
+pub struct EstimatorSettings {
+    /// Halton points per randomisation.
+    pub points: usize,
+    /// Randomisations.
+    pub randomizations: usize,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl Default for EstimatorSettings {
+    fn default() -> Self {
+        Self {
+            points: 4096,
+            randomizations: 8,
+            seed: 0,
+        }
+    }
+}
+
+/// [`evaluate_outcomes`] for a checkpoint on its own dataset (`data_cfg`, normally the config
+/// that trained it): the dataset's SHA-256 and columns must match the manifest's; lines are
+/// the persistence feature where present, else the training median; the baseline rows are the
+/// validation split.
+pub fn evaluate_checkpoint(
+    ckpt: &Checkpoint,
+    data_cfg: &crate::config::DataConfig,
+    est: EstimatorSettings,
+) -> Result<PickEvaluation, PickError> {
+    let m = &ckpt.manifest;
+    let data = Dataset::load(data_cfg)?;
+    if data.sha256 != m.dataset.sha256 {
+        return Err(PickError::Data(DataError::Other(format!(
+            "{}: sha256 {} differs from the checkpoint's dataset ({}); the outcomes would not be the rows it was judged on",
+            data.path.display(),
+            data.sha256,
+            m.dataset.sha256
+        ))));
+    }
+    if data.features != m.feature_names() || data.targets != m.target_names() {
+        return Err(PickError::Data(DataError::Other(format!(
+            "{}: data.features/data.targets differ from the checkpoint's",
+            data.path.display()
+        ))));
+    }
+    let k = data.targets.len();
+    let mut lines = Vec::with_capacity(k);
+    let mut names = Vec::with_capacity(k);
+    for (j, t) in data.targets.iter().enumerate() {
+        let l1 = format!("{t}_l1");
+        match data.features.iter().position(|f| *f == l1) {
+            Some(f) => {
+                lines.push(LineSource::Persistence(f));
+                names.push(format!("{t}: persistence ({l1})"));
+            }
+            None => {
+                let ys: Vec<f64> = (0..data.train.rows())
+                    .map(|i| data.train.y[i * k + j] as f64)
+                    .collect();
+                let med = median(&ys);
+                lines.push(LineSource::Fixed(med));
+                names.push(format!("{t}: training median {med:.6}"));
+            }
+        }
+    }
+    let mvn = HaltonMvnCdfConfig::new()
+        .with_max_dim(k.max(1))
+        .with_points(est.points)
+        .with_randomizations(est.randomizations)
+        .with_seed(est.seed)
+        .with_method(MvnMethod::Genz)
+        .init::<crate::backend::Cpu>(&Default::default())?;
+    let engine = crate::infer::build_engine("burn", &ckpt.weights, 1)?;
+    let mut predictor = Predictor::for_checkpoint(ckpt, engine);
+    let corr = super::correlation(m, None);
+    evaluate_outcomes(
+        &mut predictor,
+        &mvn,
+        &corr,
+        SplitRows {
+            x: &data.test.x,
+            y: &data.test.y,
+        },
+        SplitRows {
+            x: &data.validation.x,
+            y: &data.validation.y,
+        },
+        &lines,
+        names,
+    )
 }
 
 #[cfg(test)]
