@@ -296,3 +296,66 @@ fn pick_evaluate_scores_single_legs_like_an_independent_count() {
         assert!(out.contains(w), "{w} missing from\n{out}");
     }
 }
+
+/// The metric maths through the public API, against closed forms and hand counts (the same
+/// cases as the unit tests beside the code, so the release integration binary checks them
+/// too).
+#[test]
+fn metric_maths_against_closed_forms_and_hand_counts() {
+    use kiln::pick::outcomes::{brier, log_loss, median, score};
+    use kiln::train::uncertainty as u;
+    // CRPS of N(0,1) at 0 = 2φ(0) − 1/√π = (√2 − 1)/√π ≈ 0.2336950.
+    let c0 = (2f64.sqrt() - 1.0) / std::f64::consts::PI.sqrt();
+    assert!((u::crps_one(0.0, 0.0, 1.0) - c0).abs() < 1e-15);
+    assert!((c0 - 0.233_695_0).abs() < 1e-7);
+    // Scale/shift; and the definition ∫(F − 1{x ≥ y})² dx by the midpoint rule.
+    assert!((u::crps_one(5.0, 3.0, 2.0) - 2.0 * u::crps_one(1.0, 0.0, 1.0)).abs() < 1e-14);
+    let (y, mu, sd) = (0.7, 0.0, 1.0);
+    let n = 200_000;
+    let side = |a: f64, b: f64, f: &dyn Fn(f64) -> f64| {
+        let h = (b - a) / n as f64;
+        (0..n).map(|i| f(a + (i as f64 + 0.5) * h)).sum::<f64>() * h
+    };
+    let num = side(-12.0, y, &|x| phi_as((x - mu) / sd).powi(2))
+        + side(y, 12.0, &|x| (1.0 - phi_as((x - mu) / sd)).powi(2));
+    assert!((u::crps_one(y, mu, sd) - num).abs() < 1e-6, "{num}");
+    // NLL of N(1, 4) at 3: ½ln2π + ln 2 + ½.
+    let want = 0.5 * (2.0 * std::f64::consts::PI).ln() + 2f64.ln() + 0.5;
+    assert!((u::nll_one(3.0, 1.0, 2.0) - want).abs() < 1e-15);
+    // Point errors by hand, and a weight of 2 counting a row twice.
+    let (yy, p) = ([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 3.0, 2.0]);
+    assert!((u::rmse(&yy, &p, None) - 1.25f64.sqrt()).abs() < 1e-15);
+    assert_eq!(u::mae(&yy, &p, None), 0.75);
+    assert!(u::r2(&yy, &p, None).abs() < 1e-15);
+    let w = [2.0, 1.0, 1.0, 1.0];
+    let (y2, p2) = ([1.0, 1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 3.0, 3.0, 2.0]);
+    assert!((u::r2(&yy, &p, Some(&w)) - u::r2(&y2, &p2, None)).abs() < 1e-15);
+    // Coverage on constructed z-scores: 80 % half-width is 1.2816.
+    let z = [0.0, 1.28, 1.29, -3.0, -1.0];
+    let ys: Vec<f64> = z.iter().map(|z| 10.0 + 2.0 * z).collect();
+    let pit = u::pit(&ys, &[10.0; 5], &[2.0; 5]);
+    assert_eq!(u::coverage(&pit, 0.8, None), 0.6);
+    assert_eq!(u::coverage(&pit, 0.5, None), 0.2);
+    assert_eq!(u::coverage(&pit, 0.95, None), 0.8);
+    // A PIT on the bin midpoints is perfectly calibrated and flat.
+    let uni: Vec<f64> = (0..100).map(|i| (i as f64 + 0.5) / 100.0).collect();
+    assert!(u::calibration_error(&uni, None) < 1e-12);
+    assert!(
+        u::pit_histogram(&uni, None)
+            .iter()
+            .all(|v| (v - 0.1).abs() < 1e-12)
+    );
+    // The variance scale makes standardised residuals unit.
+    let (yv, sv) = ([1.0, -2.0, 0.5, 3.0, -1.5], [0.5, 1.0, 0.25, 2.0, 1.0]);
+    let s2 = u::variance_scale(&yv, &[0.0; 5], &sv, None);
+    let scaled: Vec<f64> = sv.iter().map(|v| v * s2.sqrt()).collect();
+    assert!((u::variance_scale(&yv, &[0.0; 5], &scaled, None) - 1.0).abs() < 1e-12);
+    // Brier and log loss by hand.
+    let (pp, hh) = ([0.9, 0.2, 0.5, 1.0], [true, true, false, true]);
+    assert!((brier(&pp, &hh) - 0.225).abs() < 1e-15);
+    let ll = -(0.9f64.ln() + 0.2f64.ln() + 0.5f64.ln() + (1.0f64 - 1e-12).ln()) / 4.0;
+    assert!((log_loss(&pp, &hh) - ll).abs() < 1e-15);
+    let s = score(&pp, &hh);
+    assert_eq!((s.n, s.hit_rate, s.reliability.len()), (4, 0.75, 3));
+    assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+}
