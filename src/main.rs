@@ -134,7 +134,9 @@ enum Command {
     },
     /// Predict mean and standard deviation per target for every row of a CSV file.
     Predict(PredictArgs),
-    /// P(all legs of a pick hit) from a checkpoint's predictions and residual correlation.
+    /// P(all legs of a pick hit) from a checkpoint's predictions and residual correlation;
+    /// `kiln pick evaluate` scores those probabilities against the test split's outcomes.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Pick(cli::pick::PickArgs),
     /// Multivariate-normal box probabilities for JSON-lines queries (Halton / Genz).
     Mvn(cli::mvn::MvnArgs),

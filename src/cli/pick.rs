@@ -1,4 +1,4 @@
-//! `kiln pick --checkpoint DIR --legs legs.csv`.
+//! `kiln pick --checkpoint DIR --legs legs.csv` and `kiln pick evaluate --checkpoint DIR`.
 
 use std::path::{Path, PathBuf};
 
@@ -12,14 +12,17 @@ use kiln::predict::Predictor;
 /// Options of `kiln pick`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PickArgs {
+    /// Score the checkpoint's pick probabilities against outcomes instead.
+    #[command(subcommand)]
+    pub action: Option<PickAction>,
     /// An export directory (or a run directory containing export/).
     #[arg(long)]
-    pub checkpoint: PathBuf,
+    pub checkpoint: Option<PathBuf>,
     /// Legs: columns `target`, `line`, `side` (over/under), optional `pick` (legs with the same
     /// value form one pick; without it the file is one pick), and either every feature column
     /// or the key columns of a rows file.
     #[arg(long)]
-    pub legs: PathBuf,
+    pub legs: Option<PathBuf>,
     /// Rows of features, looked up by the key columns (default: the checkpoint's dataset).
     #[arg(long)]
     pub rows: Option<PathBuf>,
@@ -47,11 +50,89 @@ pub struct PickArgs {
     pub json: bool,
 }
 
+/// `kiln pick` subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum PickAction {
+    /// On the test split's real rows, build single legs (over the persistence value, else the
+    /// training median) and multi-leg picks across each row's targets, and score the predicted
+    /// P(hit) against outcomes: Brier score, log loss and a reliability table, next to the
+    /// independence assumption and a constant probability (the validation split's hit rate).
+    Evaluate(EvaluateArgs),
+}
+
+/// Options of `kiln pick evaluate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvaluateArgs {
+    /// An export directory (or a run directory containing export/).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The experiment config that trained it (default: the run directory's config.yaml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Halton points per randomisation.
+    #[arg(long, default_value_t = 4096)]
+    pub points: usize,
+    /// Randomisations.
+    #[arg(long, default_value_t = 8)]
+    pub randomizations: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The whole evaluation as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `kiln pick evaluate`.
+pub fn evaluate(a: &EvaluateArgs) -> CliResult {
+    use kiln::pick::outcomes;
+    let ckpt = Checkpoint::load(&a.checkpoint).map_err(CliError::input)?;
+    let config_path = match &a.config {
+        Some(p) => p.clone(),
+        None => {
+            let run_dir = ckpt.dir.parent().unwrap_or(Path::new("."));
+            let p = run_dir.join("config.yaml");
+            if !p.is_file() {
+                return Err(CliError::input(anyhow::anyhow!(
+                    "{}: no config.yaml beside the checkpoint (expected a run directory's export/); pass --config FILE",
+                    run_dir.display()
+                )));
+            }
+            p
+        }
+    };
+    let loaded = kiln::config::load(&config_path).map_err(CliError::input)?;
+    let est = outcomes::EstimatorSettings {
+        points: a.points,
+        randomizations: a.randomizations,
+        seed: a.seed,
+    };
+    let ev =
+        outcomes::evaluate_checkpoint(&ckpt, &loaded.config.data, est).map_err(|e| match e {
+            PickError::Infer(_) => CliError::from(e),
+            other => CliError::input(other),
+        })?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&ev)?);
+    } else {
+        print!("{}", ev.table());
+    }
+    Ok(())
+}
+
 /// Run `kiln pick`.
 pub fn run(a: &PickArgs) -> CliResult {
-    let ckpt = Checkpoint::load(&a.checkpoint).map_err(CliError::input)?;
+    if let Some(PickAction::Evaluate(e)) = &a.action {
+        return evaluate(e);
+    }
+    let (Some(checkpoint), Some(legs_path)) = (&a.checkpoint, &a.legs) else {
+        return Err(CliError::input(anyhow::anyhow!(
+            "kiln pick needs --checkpoint DIR and --legs FILE (or the `evaluate` subcommand)"
+        )));
+    };
+    let ckpt = Checkpoint::load(checkpoint).map_err(CliError::input)?;
     let m = &ckpt.manifest;
-    let (legs, mut rows) = pick::read_legs(&a.legs, m, &a.key).map_err(CliError::input)?;
+    let (legs, mut rows) = pick::read_legs(legs_path, m, &a.key).map_err(CliError::input)?;
     if rows.is_empty() {
         let path = a
             .rows

@@ -74,6 +74,14 @@ pub struct PromoteArgs {
     /// more, at batch 1 or 128.
     #[arg(long, default_value_t = 1.5, value_name = "RATIO")]
     pub max_latency_ratio: f64,
+    /// Refuse when any target's test CRPS is worse than the served one's by more than this
+    /// (`5%` or `0.05`; default: the row is shown, not enforced).
+    #[arg(long, value_parser = parse_fraction, value_name = "FRACTION")]
+    pub max_crps_increase: Option<f64>,
+    /// Refuse when any target's test calibration error (PIT miscalibration area) exceeds the
+    /// served one's by more than this (absolute, e.g. 0.02; default: shown, not enforced).
+    #[arg(long, value_name = "DELTA")]
+    pub max_calibration_error_increase: Option<f64>,
     /// Timed milliseconds per model and batch size.
     #[arg(long, default_value_t = 400, value_name = "MS")]
     pub latency_ms: u64,
@@ -111,6 +119,8 @@ pub fn run(a: &PromoteArgs) -> CliResult {
             max_mse_increase: a.max_mse_increase,
             max_nll_increase: a.max_nll_increase,
             max_latency_ratio: a.max_latency_ratio,
+            max_crps_increase: a.max_crps_increase,
+            max_calibration_error_increase: a.max_calibration_error_increase,
             confidence: a.confidence,
             ..Gates::default()
         },

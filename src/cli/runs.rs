@@ -301,6 +301,11 @@ pub fn show(registry: &Path, id: &str, json: bool) -> CliResult {
     if let Some(env) = &r.environment {
         println!("env        {env}");
     }
+    for split in ["validation", "test"] {
+        if let Some(t) = split_metrics(&r, split) {
+            println!("\n{}", uncertainty_lines(split, t));
+        }
+    }
     println!(
         "\n{:<10} {:>5} {:>7} {:>11} {:>11} {:>10} {:>9} {:>11} {:>7}",
         "stage", "epoch", "steps", "train", "val", "lr", "|g| mean", "samples/s", "wait %"
@@ -320,6 +325,109 @@ pub fn show(registry: &Path, id: &str, json: bool) -> CliResult {
         );
     }
     Ok(())
+}
+
+/// The evaluation report of `split` in a run's final metrics.
+fn split_metrics<'a>(r: &'a RunRow, split: &str) -> Option<&'a serde_json::Value> {
+    r.final_metrics
+        .as_ref()
+        .map(|m| &m[split])
+        .filter(|t| t["targets"].is_array())
+}
+
+fn num(v: &serde_json::Value, digits: usize) -> String {
+    v.as_f64()
+        .map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "—".into())
+}
+
+/// Per-target point and uncertainty metrics of one split's report, as a small table.
+fn uncertainty_lines(split: &str, rep: &serde_json::Value) -> String {
+    let mut s = format!(
+        "{split} ({} rows, rows sha256 {})\n{:<12} {:>10} {:>10} {:>8} {:>9} {:>10} {:>23} {:>8} {:>10}",
+        rep["rows"],
+        rep["rows_sha256"]
+            .as_str()
+            .map(|h| &h[..h.len().min(12)])
+            .unwrap_or("—"),
+        "target",
+        "rmse",
+        "mae",
+        "r2",
+        "nll",
+        "crps",
+        "coverage 50/80/90/95",
+        "cal.err",
+        "sharpness"
+    );
+    for t in rep["targets"].as_array().into_iter().flatten() {
+        s.push_str(&format!(
+            "\n{:<12} {:>10} {:>10} {:>8} {:>9} {:>10} {:>23} {:>8} {:>10}",
+            t["target"].as_str().unwrap_or("?"),
+            num(&t["rmse_model"], 4),
+            num(&t["mae_model"], 4),
+            num(&t["r2_model"], 4),
+            num(&t["nll_model"], 4),
+            num(&t["crps_model"], 4),
+            format!(
+                "{}/{}/{}/{}",
+                num(&t["coverage_50"], 2),
+                num(&t["coverage_80"], 2),
+                num(&t["coverage_90"], 2),
+                num(&t["coverage_95"], 2)
+            ),
+            num(&t["calibration_error"], 3),
+            num(&t["sharpness"], 4),
+        ));
+    }
+    s
+}
+
+/// The test metrics of two runs side by side — only when both were evaluated on the same rows
+/// (the reports' `rows_sha256` agree); otherwise a line saying why they are not compared.
+fn compare_evaluation(a: &RunRow, b: &RunRow) -> String {
+    let (Some(ta), Some(tb)) = (split_metrics(a, "test"), split_metrics(b, "test")) else {
+        return "test metrics: not compared (a run has no test report)".into();
+    };
+    let (ha, hb) = (ta["rows_sha256"].as_str(), tb["rows_sha256"].as_str());
+    match (ha, hb) {
+        (Some(x), Some(y)) if x == y && !x.is_empty() => {}
+        _ => {
+            return format!(
+                "test metrics: not compared — evaluated on different rows (rows sha256 {} vs {})",
+                ha.map(|h| &h[..h.len().min(12)]).unwrap_or("unknown"),
+                hb.map(|h| &h[..h.len().min(12)]).unwrap_or("unknown")
+            );
+        }
+    }
+    let mut s = format!(
+        "test metrics (same {} rows):\n{:<12} {:<18} {:>12} {:>12}",
+        ta["rows"], "target", "metric", "A", "B"
+    );
+    let tb_targets = tb["targets"].as_array().cloned().unwrap_or_default();
+    for t in ta["targets"].as_array().into_iter().flatten() {
+        let name = t["target"].as_str().unwrap_or("?");
+        let Some(u) = tb_targets.iter().find(|u| u["target"] == t["target"]) else {
+            continue;
+        };
+        for f in [
+            "rmse_model",
+            "mae_model",
+            "r2_model",
+            "nll_model",
+            "crps_model",
+            "coverage_90",
+            "calibration_error",
+            "sharpness",
+        ] {
+            s.push_str(&format!(
+                "\n{name:<12} {f:<18} {:>12} {:>12}",
+                num(&t[f], 5),
+                num(&u[f], 5)
+            ));
+        }
+    }
+    s
 }
 
 fn config_value(r: &RunRow) -> serde_json::Value {
@@ -367,6 +475,7 @@ pub fn compare(registry: &Path, a: &str, b: &str, json: bool) -> CliResult {
             short(y, 4)
         );
     }
+    println!("\n{}", compare_evaluation(&ra, &rb));
     println!("\nconfig differences:");
     if diff.is_empty() {
         println!("  (none)");
@@ -628,6 +737,7 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         );
         html.push_str("</div>\n");
     }
+    let calibration = calibration_section(&rows, out)?;
     html.push_str("<table><tr><th>run</th><th>status</th><th>params</th><th>val loss</th><th>b1 p50 µs</th><th>b128 p50 µs</th><th>flag</th>");
     for k in &notes.varying {
         let _ = write!(html, "<th>{}</th>", kiln::util::escape_xml(k));
@@ -656,13 +766,95 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
         }
         html.push_str("</tr>\n");
     }
-    html.push_str("</table></body></html>\n");
+    html.push_str("</table>\n");
+    html.push_str(&calibration.0);
+    html.push_str("</body></html>\n");
     let page = out.join("report.html");
     write_atomic(&page, html.as_bytes())?;
-    for p in [&lat_svg, &lat_png, &m_svg, &m_png, &page] {
+    for p in [&lat_svg, &lat_png, &m_svg, &m_png]
+        .into_iter()
+        .chain(&calibration.1)
+        .chain([&page])
+    {
         println!("{}", p.display());
     }
     Ok(())
+}
+
+/// Runs whose calibration the report draws: the newest with a test report.
+const CALIBRATION_RUNS: usize = 5;
+
+/// The report's calibration section: for the newest finished runs with a test report, each
+/// target's reliability diagram and PIT histogram, drawn from the registry's metrics into
+/// `out/calibration/<run>/` and inlined. Returns the HTML and the files written.
+fn calibration_section(rows: &[RunRow], out: &Path) -> Result<(String, Vec<PathBuf>), CliError> {
+    use kiln::observe::calibration::{TargetCalibration, write_figures};
+    let mut html = String::new();
+    let mut files = Vec::new();
+    let with_data: Vec<&RunRow> = rows
+        .iter()
+        .filter(|r| {
+            split_metrics(r, "test").is_some_and(|t| {
+                t["targets"][0]["coverage_curve"]
+                    .as_array()
+                    .is_some_and(|a| !a.is_empty())
+            })
+        })
+        .collect();
+    let newest = &with_data[with_data.len().saturating_sub(CALIBRATION_RUNS)..];
+    if newest.is_empty() {
+        return Ok((html, files));
+    }
+    let _ = writeln!(
+        html,
+        "<h2>Calibration of the uncertainty head (test split)</h2><p>Per target: central-interval coverage against nominal (the diagonal is perfect) and the PIT histogram (flat at 1 is calibrated; ∪ means σ too small, ∩ too large). The newest {} runs with a test report.</p>",
+        newest.len()
+    );
+    for r in newest.iter().rev() {
+        let rep = split_metrics(r, "test").expect("filtered above");
+        let data: Vec<TargetCalibration> = rep["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| TargetCalibration {
+                target: t["target"].as_str().unwrap_or("?").to_string(),
+                coverage: serde_json::from_value(t["coverage_curve"].clone()).unwrap_or_default(),
+                pit_histogram: serde_json::from_value(t["pit_histogram"].clone())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        let safe: String =
+            r.id.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+        let dir = out.join("calibration").join(safe);
+        std::fs::create_dir_all(&dir)?;
+        let written = write_figures(&dir, "test", &data)?;
+        let _ = writeln!(html, "<h3>{}</h3><div>", kiln::util::escape_xml(&r.id));
+        for svg in written
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "svg"))
+        {
+            let text = std::fs::read_to_string(svg)?;
+            html.push_str("<span style=\"display:inline-block\">");
+            html.push_str(
+                text.trim_start_matches(|c| c != '<')
+                    .split_once("?>")
+                    .map(|(_, b)| b)
+                    .unwrap_or(&text),
+            );
+            html.push_str("</span>");
+        }
+        html.push_str("</div>\n");
+        files.extend(written);
+    }
+    Ok((html, files))
 }
 
 /// Options of `kiln runs regressions`.

@@ -83,10 +83,29 @@ fn print_summary(s: &RunSummary, quiet: bool) {
         );
     }
     if let Some(r) = &o.report {
-        eprintln!(
-            "beats persistence, training mean and constant variance on every target: {}",
-            if r.beats_all() { "yes" } else { "NO" }
-        );
+        eprintln!("{}", r.verdict());
+    }
+    if let Some(pe) = o
+        .manifest
+        .as_ref()
+        .map(|m| &m.metrics["pick_evaluation"])
+        .filter(|v| v.is_object())
+    {
+        for k in pe["kinds"].as_array().into_iter().flatten() {
+            let ind = k["independence"]["brier"]
+                .as_f64()
+                .map(|b| format!(", independence {b:.5}"))
+                .unwrap_or_default();
+            eprintln!(
+                "picks vs test outcomes, {} ({}): Brier {:.5} (constant {:.5}{ind}), log loss {:.5} (constant {:.5})",
+                k["kind"].as_str().unwrap_or("?"),
+                k["model"]["n"],
+                k["model"]["brier"].as_f64().unwrap_or(f64::NAN),
+                k["constant"]["brier"].as_f64().unwrap_or(f64::NAN),
+                k["model"]["log_loss"].as_f64().unwrap_or(f64::NAN),
+                k["constant"]["log_loss"].as_f64().unwrap_or(f64::NAN),
+            );
+        }
     }
     eprintln!(
         "run {} finished in {:.1} s; {} parameters",

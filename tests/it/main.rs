@@ -3,6 +3,7 @@
 //! the code in each crate.
 
 mod architecture;
+mod calibration;
 mod common;
 mod deploy;
 mod distill;

@@ -408,6 +408,13 @@ fn a_training_run_is_mirrored_completely() {
             "nll_model",
             "mse_train_mean",
             "nll_constant_variance",
+            "rmse_model",
+            "mae_model",
+            "r2_model",
+            "crps_model",
+            "coverage_90",
+            "calibration_error",
+            "sharpness",
         ] {
             assert_eq!(
                 metric(&format!("test/{name}/{field}")),
@@ -415,6 +422,17 @@ fn a_training_run_is_mirrored_completely() {
                 "test/{name}/{field}"
             );
         }
+    }
+    // The validation split's table goes too.
+    for t in manifest["metrics"]["validation"]["targets"]
+        .as_array()
+        .unwrap()
+    {
+        let name = t["target"].as_str().unwrap();
+        assert_eq!(
+            metric(&format!("validation/{name}/crps_model")),
+            t["crps_model"].as_f64()
+        );
     }
 
     // The dataset input with its digest.

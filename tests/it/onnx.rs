@@ -98,13 +98,40 @@ fn kiln_predict(ckpt: &Checkpoint, x: &[f32], rows: usize) -> Prediction {
         .unwrap()
 }
 
+/// The tiny config trained with `calibration: variance_scaling`: its σ scale lives in the
+/// log-variance bias, so the ONNX graph must carry it like every engine.
+fn recalibrated(dir: &Path) -> Checkpoint {
+    let d = dir.join("recalibrated");
+    std::fs::create_dir_all(&d).unwrap();
+    let path = crate::common::tiny_config(
+        &d,
+        &d.join("out"),
+        &[("export:", "calibration: variance_scaling\nexport:")],
+    );
+    let loaded = kiln::config::load(&path).unwrap();
+    let export = kiln::train::train_cpu(&loaded, &d.join("out"))
+        .unwrap()
+        .outcome
+        .export_dir
+        .unwrap();
+    let ckpt = Checkpoint::load(&export).unwrap();
+    assert!(ckpt.manifest.calibration.is_some());
+    ckpt
+}
+
 /// The checkpoints every check runs on: the trained tiny model and the default-shaped
 /// network with each activation (seeded weights, synthetic normalisation).
 fn checkpoints(dir: &Path) -> Vec<(String, Checkpoint)> {
-    let mut v = vec![(
-        "tiny (trained)".to_string(),
-        Checkpoint::load(crate::common::trained()).unwrap(),
-    )];
+    let mut v = vec![
+        (
+            "tiny (trained)".to_string(),
+            Checkpoint::load(crate::common::trained()).unwrap(),
+        ),
+        (
+            "tiny (trained, calibration: variance_scaling)".to_string(),
+            recalibrated(dir),
+        ),
+    ];
     for (i, act) in ACTIVATIONS.into_iter().enumerate() {
         let arch = RegressionNetConfig {
             activation: act,

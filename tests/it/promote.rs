@@ -122,6 +122,8 @@ fn m(mse: &[f64], nll: f64, b1: f64, b128: f64, sha: &str) -> Measurement {
                     target: format!("t{i}"),
                     mse,
                     nll,
+                    crps: 0.1,
+                    calibration_error: 0.02,
                 })
                 .collect(),
             nll,
@@ -149,6 +151,42 @@ fn failed(d: &kiln::track::promote::Decision) -> Vec<String> {
         .filter(|c| !c.passed)
         .map(|c| c.name.clone())
         .collect()
+}
+
+#[test]
+fn the_uncertainty_gate_refuses_worse_crps_or_calibration_only_when_asked() {
+    let served = m(&[1.0, 2.0], 0.50, 10.0, 100.0, "a");
+    let mut cand = m(&[1.0, 2.0], 0.50, 10.0, 100.0, "b");
+    cand.quality.targets[1].crps = 0.106; // +6 %
+    cand.quality.targets[0].calibration_error = 0.05; // +0.03
+    // Without limits the rows are shown and pass.
+    let d = decide(&Gates::default(), &cand, Some(&served));
+    assert!(d.promoted, "{d:?}");
+    let row = d
+        .checks
+        .iter()
+        .find(|c| c.name == "uncertainty crps t1")
+        .unwrap();
+    assert_eq!(
+        (row.candidate, row.incumbent, row.limit),
+        (0.106, Some(0.1), None)
+    );
+    assert!(row.detail.contains("no limit"), "{}", row.detail);
+    let g = Gates {
+        max_crps_increase: Some(0.05),
+        max_calibration_error_increase: Some(0.02),
+        ..Gates::default()
+    };
+    let d = decide(&g, &cand, Some(&served));
+    assert!(!d.promoted);
+    assert_eq!(
+        failed(&d),
+        ["uncertainty crps t1", "uncertainty calibration t0"]
+    );
+    // Within the tolerances: promoted.
+    cand.quality.targets[1].crps = 0.104;
+    cand.quality.targets[0].calibration_error = 0.039;
+    assert!(decide(&g, &cand, Some(&served)).promoted);
 }
 
 #[test]

@@ -602,10 +602,29 @@ pub struct Manifest {
     /// (absent for ordinary training).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub teacher: Option<serde_json::Value>,
+    /// Post-hoc recalibration of the variance head, when the config asked for one (absent in
+    /// older checkpoints and when none was fitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationInfo>,
     /// The seal: SHA-256 of the manifest's canonical form without this key
     /// ([`manifest_digest`]); set by [`seal`]. `None` in manifests of older kiln versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_sha256: Option<String>,
+}
+
+/// A fitted recalibration of the predicted standard deviations.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalibrationInfo {
+    /// The method (`variance_scaling`).
+    pub method: String,
+    /// The split it was fitted on.
+    pub fitted_on: String,
+    /// Per target, the factor `s` multiplying the network's standard deviation (the variance
+    /// is multiplied by `s²`).
+    pub std_scale: Vec<f64>,
+    /// Where it is applied: `ln s²` is already added to the log-variance head's bias in the
+    /// weights, so every engine and the ONNX export carry it; consumers do nothing more.
+    pub applied_in: String,
 }
 
 /// The key of the manifest's seal.
@@ -760,6 +779,7 @@ impl Manifest {
             config_sha256: parts.config_sha256,
             latency: None,
             teacher: parts.teacher,
+            calibration: None,
             manifest_sha256: None,
         }
     }
@@ -1058,6 +1078,7 @@ mod tests {
             config_sha256: "11".into(),
             latency: None,
             teacher: None,
+            calibration: None,
             manifest_sha256: None,
         };
         export(dest, manifest, &w).unwrap()

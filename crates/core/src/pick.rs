@@ -3,6 +3,8 @@
 //! between targets make a multivariate normal whose box probability the Halton/Genz estimator
 //! answers. Used by `kiln pick` and available to the serving tier.
 
+pub mod outcomes;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -11,6 +11,10 @@
 //! * **quality**: no target's test MSE worse than the served one's by more than
 //!   [`Gates::max_mse_increase`] (a fraction, `0.05` = 5 %), and the mean Gaussian NLL no
 //!   worse by more than [`Gates::max_nll_increase`] (nats per value);
+//! * **uncertainty** (rows named `uncertainty …`, kept apart so the rule can become a paired
+//!   one): per target, the test CRPS no worse than [`Gates::max_crps_increase`] (relative) and
+//!   the PIT calibration error no worse than [`Gates::max_calibration_error_increase`]
+//!   (absolute); without a limit the rows are shown and pass;
 //! * **latency**: the median at each benchmark batch size (1 and 128) below
 //!   [`Gates::max_latency_ratio`] (1.5×, the registry's regression rule) times the served
 //!   one's;
@@ -49,6 +53,7 @@ use crate::infer::{InferError, build_engine};
 use crate::predict::{Prediction, Predictor};
 use crate::registry::{PromotionRow, Registry, RegistryError};
 use crate::rng::SplitMix64;
+use crate::train::uncertainty;
 use crate::util;
 
 /// Why a promotion could not be decided or carried out.
@@ -147,6 +152,14 @@ pub struct Gates {
     /// Bootstrap resamples (seeded, so a decision is reproducible).
     #[serde(default = "default_resamples")]
     pub resamples: usize,
+    /// Uncertainty gate (absent: the rows are shown, not enforced): largest allowed relative
+    /// increase of any target's test CRPS (0.05 = 5 %).
+    #[serde(default)]
+    pub max_crps_increase: Option<f64>,
+    /// Uncertainty gate (absent: shown, not enforced): largest allowed absolute increase of any
+    /// target's test calibration error (the PIT miscalibration area, 0 … 0.5).
+    #[serde(default)]
+    pub max_calibration_error_increase: Option<f64>,
 }
 
 fn default_confidence() -> f64 {
@@ -165,6 +178,8 @@ impl Default for Gates {
             max_latency_ratio: 1.5,
             confidence: default_confidence(),
             resamples: default_resamples(),
+            max_crps_increase: None,
+            max_calibration_error_increase: None,
         }
     }
 }
@@ -193,6 +208,12 @@ pub struct TargetQuality {
     pub mse: f64,
     /// Mean Gaussian NLL of the predicted mean and standard deviation.
     pub nll: f64,
+    /// Mean CRPS of the predicted Gaussian.
+    #[serde(default)]
+    pub crps: f64,
+    /// PIT miscalibration area (see `kiln_core::train::uncertainty`).
+    #[serde(default)]
+    pub calibration_error: f64,
 }
 
 /// A model's test metrics.
@@ -524,6 +545,7 @@ pub fn decide(gates: &Gates, candidate: &Measurement, incumbent: Option<&Measure
         passed,
         detail,
     });
+    checks.extend(uncertainty_checks(gates, q, &inc.quality));
     for b in &candidate.latency {
         let Some(ib) = inc.latency.iter().find(|x| x.batch == b.batch) else {
             continue;
@@ -554,6 +576,60 @@ pub fn decide(gates: &Gates, candidate: &Measurement, incumbent: Option<&Measure
     }
 }
 
+/// The uncertainty rows of the gate, one per target for CRPS and for calibration error, kept
+/// apart from the MSE/NLL rows so that the rule (today a tolerance against the served version)
+/// can be switched to a paired one alone. Without a limit a row is shown and passes.
+pub fn uncertainty_checks(gates: &Gates, cand: &Quality, inc: &Quality) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for t in &cand.targets {
+        let Some(it) = inc.targets.iter().find(|x| x.target == t.target) else {
+            continue;
+        };
+        let limit = gates.max_crps_increase.map(|f| it.crps * (1.0 + f));
+        checks.push(Check {
+            name: format!("uncertainty crps {}", t.target),
+            candidate: t.crps,
+            incumbent: Some(it.crps),
+            limit,
+            passed: limit.is_none_or(|l| t.crps.is_finite() && t.crps <= l),
+            detail: format!(
+                "test CRPS of {} {:.6} vs served {:.6} ({:+.2} %, {})",
+                t.target,
+                t.crps,
+                it.crps,
+                (t.crps / it.crps - 1.0) * 100.0,
+                gates
+                    .max_crps_increase
+                    .map(|f| format!("limit {:+.2} %", f * 100.0))
+                    .unwrap_or_else(|| "no limit: --max-crps-increase".into())
+            ),
+        });
+        let limit = gates
+            .max_calibration_error_increase
+            .map(|d| it.calibration_error + d);
+        checks.push(Check {
+            name: format!("uncertainty calibration {}", t.target),
+            candidate: t.calibration_error,
+            incumbent: Some(it.calibration_error),
+            limit,
+            passed: limit
+                .is_none_or(|l| t.calibration_error.is_finite() && t.calibration_error <= l),
+            detail: format!(
+                "test calibration error of {} {:.4} vs served {:.4} ({:+.4}, {})",
+                t.target,
+                t.calibration_error,
+                it.calibration_error,
+                t.calibration_error - it.calibration_error,
+                gates
+                    .max_calibration_error_increase
+                    .map(|d| format!("limit {d:+.4}"))
+                    .unwrap_or_else(|| "no limit: --max-calibration-error-increase".into())
+            ),
+        });
+    }
+    checks
+}
+
 /// Test metrics of `predictor` on `split` (original units).
 pub fn quality(
     predictor: &mut Predictor,
@@ -579,6 +655,8 @@ pub fn quality_and_rows(
     let k = targets.len();
     let mut sse = vec![0.0f64; k];
     let mut snll = vec![0.0f64; k];
+    // Per target (y, μ, σ) for the uncertainty scores.
+    let mut cols: Vec<[Vec<f64>; 3]> = (0..k).map(|_| [vec![], vec![], vec![]]).collect();
     let mut out = Prediction {
         mean: Vec::new(),
         std: Vec::new(),
@@ -599,6 +677,9 @@ pub fn quality_and_rows(
             snll[j] += nll;
             per_row.sq.push(se);
             per_row.nll[start + i / k] += nll / k as f64;
+            cols[j][0].push(y);
+            cols[j][1].push(m);
+            cols[j][2].push(s);
         }
     }
     let n = rows.max(1) as f64;
@@ -607,10 +688,16 @@ pub fn quality_and_rows(
         targets: targets
             .iter()
             .enumerate()
-            .map(|(j, t)| TargetQuality {
-                target: t.clone(),
-                mse: sse[j] / n,
-                nll: snll[j] / n,
+            .map(|(j, t)| {
+                let [y, mu, sd] = &cols[j];
+                let pit = uncertainty::pit(y, mu, sd);
+                TargetQuality {
+                    target: t.clone(),
+                    mse: sse[j] / n,
+                    nll: snll[j] / n,
+                    crps: uncertainty::crps(y, mu, sd, None),
+                    calibration_error: uncertainty::calibration_error(&pit, None),
+                }
             })
             .collect(),
         nll: snll.iter().sum::<f64>() / (n * k.max(1) as f64),
@@ -1046,7 +1133,11 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         && g.max_nll_increase >= 0.0
         && g.confidence > 0.5
         && g.confidence < 1.0
-        && g.resamples >= 100;
+        && g.resamples >= 100
+        && [g.max_crps_increase, g.max_calibration_error_increase]
+            .iter()
+            .flatten()
+            .all(|v| v.is_finite() && *v >= 0.0);
     if !valid {
         return Err(PromoteError::Invalid(format!(
             "gate thresholds must be finite and non-negative (latency ratio positive, confidence in (0.5, 1), at least 100 resamples): {g:?}"

@@ -54,6 +54,10 @@ pub struct ExperimentConfig {
     /// Set by the trainer on the refit pass's own copy of the config (never in YAML).
     #[serde(skip)]
     pub refit_pass: Option<RefitPass>,
+    /// Post-hoc recalibration of the variance head on the validation split (absent: none);
+    /// see [`Calibration`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
 }
 
 /// Whether the exported model is refit on train + validation.
@@ -89,6 +93,16 @@ impl Refit {
 pub struct RefitPass {
     /// Recorded in the manifest's `metrics.refit`.
     pub provenance: serde_json::Value,
+}
+
+/// Post-hoc recalibration of the predicted standard deviations.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Calibration {
+    /// One scale per target fitted on the validation split to minimise the Gaussian NLL
+    /// (`s² = mean(r²/σ²)`), folded into the log-variance head's bias (`+ ln s²`) so that
+    /// every consumer of the checkpoint (predict, serve, pick, the ONNX export) applies it.
+    VarianceScaling,
 }
 
 fn default_name() -> String {

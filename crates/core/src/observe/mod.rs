@@ -3,6 +3,7 @@
 //! registry, the MLflow mirror and the regression analysis are tracking, not
 //! instrumentation: they live in `kiln-track`, above this crate.)
 
+pub mod calibration;
 #[cfg(feature = "plots")]
 pub mod plot;
 pub mod profiler;

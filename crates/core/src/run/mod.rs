@@ -412,6 +412,22 @@ pub fn measure_export(
                 .unwrap_or(serde_json::Value::Null),
         );
     }
+    if let Some(obj) = manifest.metrics.as_object_mut() {
+        // Advisory like the int8 check: the pick probabilities against the test outcomes.
+        match crate::pick::outcomes::evaluate_checkpoint(
+            &ckpt,
+            &loaded.config.data,
+            Default::default(),
+        ) {
+            Ok(ev) => {
+                obj.insert(
+                    "pick_evaluation".into(),
+                    serde_json::to_value(ev).expect("evaluation serialises"),
+                );
+            }
+            Err(e) => tracing::warn!("pick evaluation skipped: {e}"),
+        }
+    }
     manifest.latency = Some(serde_json::to_value(&report).expect("report serialises"));
     crate::artifact::write_manifest(dir, &mut manifest)?;
     Ok((report, manifest))

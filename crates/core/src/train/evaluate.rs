@@ -9,8 +9,6 @@ use crate::data::dataset::Affine;
 use crate::data::{ColumnStats, Subset};
 use crate::model::RegressionNet;
 
-use crate::util::HALF_LN_2PI;
-
 /// Network outputs for a split, normalised units, row-major `rows × k`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SplitPredictions {
@@ -95,14 +93,116 @@ pub struct TargetReport {
     /// Mean Gaussian NLL with the model's mean and one constant variance per target (the
     /// training split's mean squared residual).
     pub nll_constant_variance: f64,
+    /// Root mean squared error of the model's mean.
+    #[serde(default)]
+    pub rmse_model: f64,
+    /// RMSE of persistence, when `<target>_l1` exists.
+    #[serde(default)]
+    pub rmse_persistence: Option<f64>,
+    /// RMSE of the training mean.
+    #[serde(default)]
+    pub rmse_train_mean: f64,
+    /// Mean absolute error of the model's mean.
+    #[serde(default)]
+    pub mae_model: f64,
+    /// MAE of persistence, when `<target>_l1` exists.
+    #[serde(default)]
+    pub mae_persistence: Option<f64>,
+    /// MAE of the training mean.
+    #[serde(default)]
+    pub mae_train_mean: f64,
+    /// R² of the model's mean against the split's own mean.
+    #[serde(default)]
+    pub r2_model: f64,
+    /// Mean CRPS of the model's Gaussian.
+    #[serde(default)]
+    pub crps_model: f64,
+    /// Mean CRPS with the model's mean and the constant variance.
+    #[serde(default)]
+    pub crps_constant_variance: f64,
+    /// Observed coverage of the model's central 50 % interval.
+    #[serde(default)]
+    pub coverage_50: f64,
+    /// … 80 %.
+    #[serde(default)]
+    pub coverage_80: f64,
+    /// … 90 %.
+    #[serde(default)]
+    pub coverage_90: f64,
+    /// … 95 %.
+    #[serde(default)]
+    pub coverage_95: f64,
+    /// Miscalibration area of the model's PIT (see [`super::uncertainty`]).
+    #[serde(default)]
+    pub calibration_error: f64,
+    /// Miscalibration area with the constant variance.
+    #[serde(default)]
+    pub calibration_error_constant_variance: f64,
+    /// Mean predicted standard deviation.
+    #[serde(default)]
+    pub sharpness: f64,
+    /// The constant variance's standard deviation (its sharpness).
+    #[serde(default)]
+    pub sharpness_constant_variance: f64,
+    /// The model's PIT histogram ([`super::uncertainty::PIT_BINS`] fractions).
+    #[serde(default)]
+    pub pit_histogram: Vec<f64>,
+    /// (nominal, observed) coverage at [`super::uncertainty::CURVE_LEVELS`]: the reliability
+    /// diagram.
+    #[serde(default)]
+    pub coverage_curve: Vec<(f64, f64)>,
 }
 
 impl TargetReport {
     /// Whether the model beats every baseline on this target.
     pub fn beats_all(&self) -> bool {
-        self.mse_model < self.mse_train_mean
-            && self.mse_persistence.is_none_or(|p| self.mse_model < p)
-            && self.nll_model < self.nll_constant_variance
+        self.baselines().iter().all(|(_, beaten)| *beaten)
+    }
+
+    /// The baselines that exist for this target and whether the model beats each: the
+    /// training mean and persistence on MSE, the constant variance on NLL.
+    pub fn baselines(&self) -> Vec<(Baseline, bool)> {
+        let mut v = vec![(Baseline::TrainMean, self.mse_model < self.mse_train_mean)];
+        if let Some(p) = self.mse_persistence {
+            v.push((Baseline::Persistence, self.mse_model < p));
+        }
+        v.push((
+            Baseline::ConstantVariance,
+            self.nll_model < self.nll_constant_variance,
+        ));
+        v
+    }
+
+    /// Observed coverage at [`super::uncertainty::COVERAGE_LEVELS`].
+    pub fn coverage(&self) -> [f64; 4] {
+        [
+            self.coverage_50,
+            self.coverage_80,
+            self.coverage_90,
+            self.coverage_95,
+        ]
+    }
+}
+
+/// A baseline the model is judged against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Baseline {
+    /// The training split's mean (MSE).
+    TrainMean,
+    /// Last season's value, feature `<target>_l1` (MSE).
+    Persistence,
+    /// The model's mean with one constant variance per target (NLL).
+    ConstantVariance,
+}
+
+impl Baseline {
+    /// Its name in tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::TrainMean => "training mean",
+            Self::Persistence => "persistence",
+            Self::ConstantVariance => "constant variance",
+        }
     }
 }
 
@@ -115,12 +215,90 @@ pub struct EvalReport {
     pub rows: usize,
     /// One row per target.
     pub targets: Vec<TargetReport>,
+    /// SHA-256 of the split's rows (features, targets and seasons, in order): two reports are
+    /// comparable when these agree.
+    #[serde(default)]
+    pub rows_sha256: String,
 }
 
 impl EvalReport {
     /// Whether the model beats every baseline on every target.
     pub fn beats_all(&self) -> bool {
         self.targets.iter().all(TargetReport::beats_all)
+    }
+
+    /// The data of the calibration figures ([`crate::observe::calibration`]).
+    pub fn calibration_data(&self) -> Vec<crate::observe::calibration::TargetCalibration> {
+        self.targets
+            .iter()
+            .map(|t| crate::observe::calibration::TargetCalibration {
+                target: t.target.clone(),
+                coverage: t.coverage_curve.clone(),
+                pit_histogram: t.pit_histogram.clone(),
+            })
+            .collect()
+    }
+
+    /// The verdict line: for each baseline that exists on some target, whether the model
+    /// beats it on every target that has it, naming the targets where it does not.
+    pub fn verdict(&self) -> String {
+        let mut parts = Vec::new();
+        for b in [
+            Baseline::Persistence,
+            Baseline::TrainMean,
+            Baseline::ConstantVariance,
+        ] {
+            let judged: Vec<(&str, bool)> = self
+                .targets
+                .iter()
+                .filter_map(|t| {
+                    t.baselines()
+                        .into_iter()
+                        .find(|(x, _)| *x == b)
+                        .map(|(_, beaten)| (t.target.as_str(), beaten))
+                })
+                .collect();
+            if judged.is_empty() {
+                continue;
+            }
+            let lost: Vec<&str> = judged.iter().filter(|(_, w)| !w).map(|(t, _)| *t).collect();
+            parts.push(if lost.is_empty() {
+                format!("{} yes", b.label())
+            } else {
+                format!("{} NO ({})", b.label(), lost.join(", "))
+            });
+        }
+        format!("beats on every target: {}", parts.join("; "))
+    }
+
+    /// The uncertainty table: proper scores, coverage against nominal, calibration error and
+    /// sharpness, each next to the constant-variance baseline.
+    pub fn uncertainty_table(&self) -> String {
+        let mut s = format!(
+            "{:<12} {:>9} {:>9} {:>9} {:>9} {:>23} {:>13} {:>10}\n",
+            "target", "rmse", "mae", "r2", "crps", "coverage 50/80/90/95", "cal.err", "sharpness"
+        );
+        for t in &self.targets {
+            let c = t.coverage();
+            s.push_str(&format!(
+                "{:<12} {:>9.3e} {:>9.3e} {:>9.4} {:>9.3e} {:>23} {:>13} {:>10.3e}\n",
+                t.target,
+                t.rmse_model,
+                t.mae_model,
+                t.r2_model,
+                t.crps_model,
+                format!("{:.2}/{:.2}/{:.2}/{:.2}", c[0], c[1], c[2], c[3]),
+                format!(
+                    "{:.3} ({:.3})",
+                    t.calibration_error, t.calibration_error_constant_variance
+                ),
+                t.sharpness
+            ));
+        }
+        s.push_str(
+            "(cal.err: PIT miscalibration area, constant variance in brackets; 0 = calibrated)\n",
+        );
+        s
     }
 
     /// A plain-text table.
@@ -184,40 +362,147 @@ pub fn evaluate(
     persistence: &[Option<usize>],
     constant_variance: &[f64],
 ) -> EvalReport {
+    evaluate_weighted(
+        split_name,
+        pred,
+        split,
+        n_features,
+        targets,
+        persistence,
+        constant_variance,
+        None,
+    )
+}
+
+/// SHA-256 of a split's rows (features, targets, seasons), hex.
+pub fn rows_sha256(split: &Subset) -> String {
+    let mut bytes = Vec::with_capacity(8 + 4 * (split.x.len() + split.y.len()) + 8 * split.rows());
+    bytes.extend((split.rows() as u64).to_le_bytes());
+    for v in split.x.iter().chain(&split.y) {
+        bytes.extend(v.to_bits().to_le_bytes());
+    }
+    for v in &split.season {
+        bytes.extend(v.to_le_bytes());
+    }
+    crate::util::sha256_hex(&bytes)
+}
+
+/// One target's column of a split in original units: observations, the model's means and
+/// standard deviations.
+pub fn target_columns(
+    pred: &SplitPredictions,
+    y_raw: &[f32],
+    targets: &[ColumnStats],
+    j: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let k = targets.len();
+    let rows = y_raw.len() / k;
+    let (ts, tm) = (targets[j].std, targets[j].mean);
+    let y = (0..rows).map(|i| y_raw[i * k + j] as f64).collect();
+    let mu = (0..rows)
+        .map(|i| pred.mean[i * k + j] as f64 * ts + tm)
+        .collect();
+    let sd = (0..rows)
+        .map(|i| (0.5 * pred.log_var[i * k + j] as f64).exp() * ts)
+        .collect();
+    (y, mu, sd)
+}
+
+/// [`evaluate`] with per-row weights (`None` = equal; the MSE and NLL columns too).
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate_weighted(
+    split_name: &str,
+    pred: &SplitPredictions,
+    split: &Subset,
+    n_features: usize,
+    targets: &[ColumnStats],
+    persistence: &[Option<usize>],
+    constant_variance: &[f64],
+    weights: Option<&[f64]>,
+) -> EvalReport {
+    use super::uncertainty as u;
     let k = targets.len();
     let rows = split.rows();
+    let w = weights;
     let mut reports = Vec::with_capacity(k);
     for j in 0..k {
-        let (mut mse, mut mse_p, mut mse_m, mut nll, mut nll_c) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        let (ts, tm) = (targets[j].std, targets[j].mean);
-        for i in 0..rows {
-            let y = split.y[i * k + j] as f64;
-            let mu = pred.mean[i * k + j] as f64 * ts + tm;
-            let lv = pred.log_var[i * k + j] as f64 + 2.0 * ts.ln();
-            let r2 = (y - mu).powi(2);
-            mse += r2;
-            mse_m += (y - tm).powi(2);
-            if let Some(f) = persistence[j] {
-                mse_p += (y - split.x[i * n_features + f] as f64).powi(2);
-            }
-            nll += HALF_LN_2PI + crate::util::gaussian_nll(y, mu, lv);
-            let cv = constant_variance[j].max(1e-300);
-            nll_c += HALF_LN_2PI + crate::util::gaussian_nll(y, mu, cv.ln());
-        }
-        let n = rows.max(1) as f64;
+        let tm = targets[j].mean;
+        let (y, mu, sd) = target_columns(pred, &split.y, targets, j);
+        let train_mean = vec![tm; rows];
+        let persist: Option<Vec<f64>> = persistence[j].map(|f| {
+            (0..rows)
+                .map(|i| split.x[i * n_features + f] as f64)
+                .collect()
+        });
+        let cv_sd = vec![constant_variance[j].max(1e-300).sqrt(); rows];
+        let model = u::gaussian_scores(&y, &mu, &sd, w);
+        let constant = u::gaussian_scores(&y, &mu, &cv_sd, w);
+        let mse = u::mse(&y, &mu, w);
+        let mse_p = persist.as_ref().map(|p| u::mse(&y, p, w));
+        let mse_m = u::mse(&y, &train_mean, w);
         reports.push(TargetReport {
             target: targets[j].name.clone(),
-            mse_model: mse / n,
-            mse_persistence: persistence[j].map(|_| mse_p / n),
-            mse_train_mean: mse_m / n,
-            nll_model: nll / n,
-            nll_constant_variance: nll_c / n,
+            mse_model: mse,
+            mse_persistence: mse_p,
+            mse_train_mean: mse_m,
+            nll_model: model.nll,
+            nll_constant_variance: constant.nll,
+            rmse_model: mse.sqrt(),
+            rmse_persistence: mse_p.map(f64::sqrt),
+            rmse_train_mean: mse_m.sqrt(),
+            mae_model: u::mae(&y, &mu, w),
+            mae_persistence: persist.as_ref().map(|p| u::mae(&y, p, w)),
+            mae_train_mean: u::mae(&y, &train_mean, w),
+            r2_model: u::r2(&y, &mu, w),
+            crps_model: model.crps,
+            crps_constant_variance: constant.crps,
+            coverage_50: model.coverage[0],
+            coverage_80: model.coverage[1],
+            coverage_90: model.coverage[2],
+            coverage_95: model.coverage[3],
+            calibration_error: model.calibration_error,
+            calibration_error_constant_variance: constant.calibration_error,
+            sharpness: model.sharpness,
+            sharpness_constant_variance: constant.sharpness,
+            pit_histogram: model.pit_histogram,
+            coverage_curve: model.coverage_curve,
         });
     }
     EvalReport {
         split: split_name.to_string(),
         rows,
         targets: reports,
+        rows_sha256: rows_sha256(split),
+    }
+}
+
+/// Per-target variance scales `s²_j = mean(r²/σ²)` fitted on a split (the NLL-minimising
+/// multiplier of each target's predicted variance; see [`super::uncertainty::variance_scale`]).
+pub fn variance_scales(
+    pred: &SplitPredictions,
+    y_raw: &[f32],
+    targets: &[ColumnStats],
+    weights: Option<&[f64]>,
+) -> Vec<f64> {
+    (0..targets.len())
+        .map(|j| {
+            let (y, mu, sd) = target_columns(pred, y_raw, targets, j);
+            super::uncertainty::variance_scale(&y, &mu, &sd, weights)
+        })
+        .collect()
+}
+
+/// `pred` with each target's variance multiplied by `scales[j]` (log-variance + ln s²).
+pub fn scale_variance(pred: &SplitPredictions, scales: &[f64]) -> SplitPredictions {
+    let k = scales.len();
+    SplitPredictions {
+        mean: pred.mean.clone(),
+        log_var: pred
+            .log_var
+            .iter()
+            .enumerate()
+            .map(|(i, &lv)| (lv as f64 + scales[i % k].ln()) as f32)
+            .collect(),
     }
 }
 
@@ -268,6 +553,7 @@ pub fn residual_correlation(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::HALF_LN_2PI;
 
     #[test]
     fn perfectly_correlated_residuals_give_unit_correlation() {
@@ -319,5 +605,71 @@ mod tests {
         let nll = HALF_LN_2PI + 0.5 * (4f64.ln() + 0.25);
         assert!((t.nll_model - nll).abs() < 1e-12);
         assert!((t.nll_constant_variance - (HALF_LN_2PI + 0.5)).abs() < 1e-12);
+        assert_eq!(t.rmse_model, 1.0);
+        assert_eq!(t.mae_model, 1.0);
+        assert_eq!(t.mae_persistence, Some(1.0));
+        // ȳ = 2 on the split, residuals ±1 around ŷ = 2: Σr² = Σ(y − ȳ)² → R² = 0.
+        assert_eq!(t.r2_model, 0.0);
+        // σ = 2, |z| = ½ on both rows: inside the 50 % interval (half-width 0.674σ).
+        assert_eq!(t.coverage(), [1.0; 4]);
+        assert_eq!(t.sharpness, 2.0);
+        let crps = 2.0 * super::super::uncertainty::crps_one(0.5, 0.0, 1.0);
+        assert!((t.crps_model - crps).abs() < 1e-12);
+        assert_eq!(r.rows_sha256, rows_sha256(&split));
+        assert_eq!(r.rows_sha256.len(), 64);
+    }
+
+    fn target(name: &str, mse: f64, persistence: Option<f64>, nll: f64) -> TargetReport {
+        let mut t: TargetReport = serde_json::from_value(serde_json::json!({
+            "target": name, "mse_model": mse, "mse_persistence": persistence,
+            "mse_train_mean": 1.0, "nll_model": nll, "nll_constant_variance": 1.0,
+        }))
+        .expect("an old report (without the uncertainty fields) still deserialises");
+        t.rmse_model = mse.sqrt();
+        t
+    }
+
+    #[test]
+    fn verdict_names_the_baseline_and_skips_missing_ones() {
+        let r = EvalReport {
+            split: "test".into(),
+            rows: 1,
+            targets: vec![target("a", 0.5, None, 0.5), target("b", 0.5, None, 2.0)],
+            rows_sha256: String::new(),
+        };
+        let v = r.verdict();
+        assert!(!v.contains("persistence"), "{v}");
+        assert!(v.contains("training mean yes"), "{v}");
+        assert!(v.contains("constant variance NO (b)"), "{v}");
+        assert!(!r.beats_all());
+        let r = EvalReport {
+            targets: vec![
+                target("a", 0.5, Some(0.4), 0.5),
+                target("b", 0.5, None, 0.5),
+            ],
+            ..r
+        };
+        let v = r.verdict();
+        assert!(v.contains("persistence NO (a)"), "{v}");
+        assert!(v.contains("constant variance yes"), "{v}");
+    }
+
+    #[test]
+    fn variance_scales_make_standardised_residuals_unit() {
+        let targets = vec![ColumnStats {
+            name: "y".into(),
+            mean: 0.0,
+            std: 3.0,
+        }];
+        // Residuals ±2 in original units with σ = 3·exp(0) = 3 → s² = 4/9.
+        let pred = SplitPredictions {
+            mean: vec![0.0, 0.0],
+            log_var: vec![0.0, 0.0],
+        };
+        let s2 = variance_scales(&pred, &[2.0, -2.0], &targets, None);
+        assert!((s2[0] - 4.0 / 9.0).abs() < 1e-12);
+        let scaled = scale_variance(&pred, &s2);
+        let again = variance_scales(&scaled, &[2.0, -2.0], &targets, None);
+        assert!((again[0] - 1.0).abs() < 1e-6);
     }
 }

@@ -5,10 +5,13 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::distill::{normalised_predictions, side_by_side};
-use super::evaluate::{evaluate, predict_split, residual_correlation, residual_variance};
+use super::evaluate::{
+    EvalReport, evaluate, predict_split, residual_correlation, residual_variance, variance_scales,
+};
 use super::job::{TrainError, TrainOutcome, Trained, io_err, summarise};
 use super::session::Session;
-use crate::artifact::{self, DatasetInfo, HostWeights, Manifest};
+use crate::artifact::{self, CalibrationInfo, DatasetInfo, HostWeights, Manifest};
+use crate::config::Calibration;
 use crate::observe::resources;
 use crate::observe::verdict::{self, Verdict};
 
@@ -27,22 +30,65 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
         let nf = arch.n_features;
 
         let stages = summarise(cfg, &self.progress.history);
-        let inner = self.model.valid();
+        let mut inner = self.model.valid();
         let train_pred = predict_split(&inner, &data.train.x, &self.x_aff, device);
         let const_var = residual_variance(&train_pred, &data.train.y, &prep.y_stats);
         let vpred = predict_split(&inner, &data.validation.x, &self.x_aff, device);
         let corr = residual_correlation(&vpred, &data.validation.y, &prep.y_stats);
+        let persistence = prep.persistence_features();
+        let eval = |name: &str, pred: &_, split: &_| {
+            evaluate(
+                name,
+                pred,
+                split,
+                nf,
+                &prep.y_stats,
+                &persistence,
+                &const_var,
+            )
+        };
+        let mut weights = HostWeights::from_model(&inner);
+        // Recalibration: fit on validation, fold ln s² into the log-variance bias, and judge the
+        // network that is exported (so the reports describe exactly what every consumer serves).
+        let mut before: Option<EvalReport> = None;
+        let mut calibration = None;
+        if let Some(Calibration::VarianceScaling) = cfg.calibration {
+            let s2 = variance_scales(&vpred, &data.validation.y, &prep.y_stats, None);
+            if let Some((j, v)) = s2
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !(v.is_finite() && **v > 0.0))
+            {
+                return Err(TrainError::Calibration(format!(
+                    "variance_scaling: the validation split gives target {} a variance scale of {v} (expected a finite positive number; is the validation split empty?)",
+                    prep.y_stats[j].name
+                )));
+            }
+            let tpred = predict_split(&inner, &data.test.x, &self.x_aff, device);
+            before = Some(eval("test", &tpred, &data.test));
+            for (b, s) in weights.logvar_head.b.iter_mut().zip(&s2) {
+                *b = (*b as f64 + s.ln()) as f32;
+            }
+            inner = weights.to_model(device);
+            calibration = Some(CalibrationInfo {
+                method: "variance_scaling".into(),
+                fitted_on: "validation".into(),
+                std_scale: s2.iter().map(|v| v.sqrt()).collect(),
+                applied_in: "logvar_head.bias (+ ln s²)".into(),
+            });
+        }
+        let vpred = predict_split(&inner, &data.validation.x, &self.x_aff, device);
+        let vreport = eval("validation", &vpred, &data.validation);
         let tpred = predict_split(&inner, &data.test.x, &self.x_aff, device);
-        let report = evaluate(
-            "test",
-            &tpred,
-            &data.test,
-            nf,
-            &prep.y_stats,
-            &prep.persistence_features(),
-            &const_var,
-        );
+        let report = eval("test", &tpred, &data.test);
         self.reporter.line(&report.table());
+        self.reporter.line(&report.uncertainty_table());
+        crate::observe::calibration::write_figures(&run.path, "test", &report.calibration_data())
+            .map_err(io_err(&run.path))?;
+        if let (Some(b), Some(c)) = (&before, &calibration) {
+            self.reporter
+                .line(&recalibration_table(b, &report, &c.std_scale));
+        }
         let teacher = job.teacher.filter(|_| cfg.distill.is_some());
         let teacher_report = match teacher {
             Some(t) => {
@@ -71,7 +117,6 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
         };
         let teacher_info = teacher.map(|t| t.describe());
 
-        let weights = HostWeights::from_model(&inner);
         let mut split = std::collections::BTreeMap::new();
         split.insert("train".to_string(), cfg.data.split.train.to_string());
         split.insert(
@@ -88,12 +133,19 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             metrics: {
                 let mut m = serde_json::json!({
                     "test": report,
+                    "validation": vreport,
                     "stages": stages,
                     "beats_all_baselines": report.beats_all(),
                     "bottleneck": verdict,
                 });
                 if let (Some(r), Some(obj)) = (&cfg.refit_pass, m.as_object_mut()) {
                     obj.insert("refit".into(), r.provenance.clone());
+                }
+                if let (Some(b), Some(obj)) = (&before, m.as_object_mut()) {
+                    obj.insert(
+                        "test_before_calibration".into(),
+                        serde_json::to_value(b).expect("report serialises"),
+                    );
                 }
                 // The registry row keeps the metrics: the teacher goes there too.
                 if let (Some(info), Some(obj)) = (&teacher_info, m.as_object_mut()) {
@@ -119,6 +171,8 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             config_sha256: self.config_sha.clone(),
             teacher: teacher_info,
         });
+        let mut manifest = manifest;
+        manifest.calibration = calibration;
         let export_dir = run.export_dir();
         if export_dir.exists() {
             // A previous process finished training and exported, then died before marking the
@@ -177,4 +231,28 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
         ));
         Ok(verdict)
     }
+}
+
+/// Test calibration before and after recalibration, per target.
+pub(crate) fn recalibration_table(
+    before: &EvalReport,
+    after: &EvalReport,
+    scale: &[f64],
+) -> String {
+    let mut s = format!(
+        "recalibration (variance_scaling, fitted on validation), {} split\n{:<12} {:>8} {:>17} {:>17} {:>19} {:>19}\n",
+        after.split, "target", "std ×", "cal.err", "cov90", "nll", "crps"
+    );
+    for ((b, a), k) in before.targets.iter().zip(&after.targets).zip(scale) {
+        s.push_str(&format!(
+            "{:<12} {:>8.4} {:>17} {:>17} {:>19} {:>19}\n",
+            a.target,
+            k,
+            format!("{:.3} → {:.3}", b.calibration_error, a.calibration_error),
+            format!("{:.3} → {:.3}", b.coverage_90, a.coverage_90),
+            format!("{:.4} → {:.4}", b.nll_model, a.nll_model),
+            format!("{:.3e} → {:.3e}", b.crps_model, a.crps_model),
+        ));
+    }
+    s
 }

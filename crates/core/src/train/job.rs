@@ -70,6 +70,9 @@ pub enum TrainError {
     /// The config distils from a teacher that is missing or does not answer.
     #[error("distillation: {0}")]
     Distill(String),
+    /// The recalibration could not be fitted (the message says which target and why).
+    #[error("calibration: {0}")]
+    Calibration(String),
     /// `--resume` was given a run that cannot be continued.
     #[error("cannot resume {run}: {reason}")]
     Resume {

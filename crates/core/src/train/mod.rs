@@ -20,6 +20,7 @@ mod session;
 pub mod stage;
 pub mod state;
 pub mod trainer;
+pub mod uncertainty;
 
 pub use distill::Teacher;
 pub use job::{StageSummary, TrainError, TrainJob, TrainOutcome, Trained, summarise};

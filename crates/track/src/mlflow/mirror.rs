@@ -36,7 +36,7 @@
 //! | params | the effective config, flattened ([`super::flatten`]) |
 //! | metric `<stage>/train_loss`, `/val_loss`, `/lr`, `/grad_norm`, `/samples_per_s`, `/data_wait_frac` | each epoch; step = epochs of the earlier stages (as configured) + the epoch's index in its stage; non-finite values are skipped |
 //! | metric `val_metric`, `param_count`, `latency_b1_p50_us`, `latency_b128_p50_us` | end of a finished run, step 0 |
-//! | metric `test/<target>/<field>` (`mse_model`, `nll_model`, baselines) | the test-split table, per target |
+//! | metric `test/<target>/<field>` (`mse_model`, `rmse_model`, `mae_model`, `r2_model`, `nll_model`, `crps_model`, `coverage_90`, `calibration_error`, `sharpness`, baselines); `validation/…` and, after recalibration, `test_before_calibration/…` | the evaluation tables, per target |
 //! | tags `mlflow.runName` (kiln run id), `mlflow.source.type` (`LOCAL`), `mlflow.source.name` (`kiln train <config>`), `mlflow.source.git.commit`, `mlflow.user`, `mlflow.parentRunId` (sweep members) | at creation |
 //! | tags `kiln.run_id`, `kiln.run_dir`, `kiln.config_sha256`, `kiln.host`, `kiln.pid`, `kiln.pid_start`, `kiln.git_dirty`, `kiln.failure_reason` | |
 //! | tag `kiln.mirror_incomplete` | at the end, when anything did not reach the server: how many metric values, params/tags/inputs and artifact files, and the first error |
@@ -1037,22 +1037,25 @@ impl Mirror {
                 metrics.push(metric(k, v, ts, 0));
             }
         }
-        let targets = end
-            .final_metrics
-            .as_ref()
-            .and_then(|m| m["test"]["targets"].as_array());
-        for t in targets.into_iter().flatten() {
-            let Some(name) = t["target"].as_str() else {
-                continue;
-            };
-            for (field, v) in t.as_object().into_iter().flatten() {
-                if let Some(v) = v.as_f64().filter(|v| v.is_finite()) {
-                    metrics.push(metric(
-                        &format!("test/{}/{}", escape_key(name), escape_key(field)),
-                        v,
-                        ts,
-                        0,
-                    ));
+        // Per target and split: point errors, proper scores, coverage, calibration, sharpness.
+        for split in ["test", "validation", "test_before_calibration"] {
+            let targets = end
+                .final_metrics
+                .as_ref()
+                .and_then(|m| m[split]["targets"].as_array());
+            for t in targets.into_iter().flatten() {
+                let Some(name) = t["target"].as_str() else {
+                    continue;
+                };
+                for (field, v) in t.as_object().into_iter().flatten() {
+                    if let Some(v) = v.as_f64().filter(|v| v.is_finite()) {
+                        metrics.push(metric(
+                            &format!("{split}/{}/{}", escape_key(name), escape_key(field)),
+                            v,
+                            ts,
+                            0,
+                        ));
+                    }
                 }
             }
         }
