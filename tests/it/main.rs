@@ -4,6 +4,7 @@
 
 mod architecture;
 mod common;
+mod data;
 mod deploy;
 mod distill;
 mod engines;

@@ -530,6 +530,10 @@ pub struct Manifest {
     /// (absent for ordinary training).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub teacher: Option<serde_json::Value>,
+    /// The input preprocessing (imputation, missing indicators) and what it did to the
+    /// training data; absent in manifests of older kiln versions (plain numeric inputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preprocessing: Option<crate::data::preprocess::Preprocessing>,
     /// The seal: SHA-256 of the manifest's canonical form without this key
     /// ([`manifest_digest`]); set by [`seal`]. `None` in manifests of older kiln versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -688,6 +692,7 @@ impl Manifest {
             config_sha256: parts.config_sha256,
             latency: None,
             teacher: parts.teacher,
+            preprocessing: None,
             manifest_sha256: None,
         }
     }
@@ -700,6 +705,14 @@ impl Manifest {
     /// Feature names in network order.
     pub fn feature_names(&self) -> Vec<String> {
         self.features.iter().map(|c| c.name.clone()).collect()
+    }
+
+    /// The preprocessing from raw columns to the network's inputs (plain numeric columns for
+    /// checkpoints without one).
+    pub fn input_preprocessing(&self) -> crate::data::preprocess::Preprocessing {
+        self.preprocessing
+            .clone()
+            .unwrap_or_else(|| crate::data::preprocess::Preprocessing::plain(&self.feature_names()))
     }
 
     /// Target names.

@@ -131,8 +131,9 @@ pub fn read_legs(
     );
     let pi = t.header.iter().position(|h| h == "pick");
     let targets = manifest.target_names();
-    let features = manifest.feature_names();
-    let inline = features.iter().all(|f| t.header.contains(f));
+    let pre = manifest.input_preprocessing();
+    let inline = pre.input_names().iter().all(|f| t.header.contains(f));
+    let nf = pre.n_features();
     let key_idx: Vec<usize> = if inline {
         Vec::new()
     } else {
@@ -141,7 +142,7 @@ pub fn read_legs(
             .collect::<Result<_, _>>()?
     };
     let x = if inline {
-        t.numeric_matrix(&features)?
+        pre.matrix(&t)?
     } else {
         Vec::new()
     };
@@ -168,7 +169,7 @@ pub fn read_legs(
             let k = format!("line {line}");
             rows.insert(
                 k.clone(),
-                x[i * features.len()..(i + 1) * features.len()].to_vec(),
+                x[i * nf..(i + 1) * nf].to_vec(),
             );
             k
         } else {
@@ -208,12 +209,14 @@ pub fn read_rows(
         .iter()
         .map(|k| t.column_index(k))
         .collect::<Result<_, _>>()?;
-    let features = manifest.feature_names();
-    let f_idx: Vec<usize> = features
+    let pre = manifest.input_preprocessing();
+    let f_idx: Vec<usize> = pre
+        .inputs
         .iter()
-        .map(|f| t.column_index(f))
+        .map(|f| t.column_index(&f.name))
         .collect::<Result<_, _>>()?;
     let mut rows = BTreeMap::new();
+    let mut cells = Vec::with_capacity(f_idx.len());
     for (row, &line) in t.rows.iter().zip(&t.lines) {
         let k = key_idx
             .iter()
@@ -221,11 +224,22 @@ pub fn read_rows(
             .collect::<Vec<_>>()
             .join(":");
         if wanted.iter().any(|w| **w == k) {
-            let v = f_idx
-                .iter()
-                .zip(&features)
-                .map(|(&j, f)| t.parse_cell(&row[j], line, f).map(|v| v as f32))
-                .collect::<Result<Vec<f32>, _>>()?;
+            cells.clear();
+            cells.extend(f_idx.iter().map(|&j| row[j].as_str()));
+            let mut v = Vec::with_capacity(pre.n_features());
+            if pre.is_plain() {
+                for (cell, f) in cells.iter().zip(&pre.inputs) {
+                    v.push(t.parse_cell(cell, line, &f.name)? as f32);
+                }
+            } else {
+                let locate = |column: &str, message: String| DataError::Cell {
+                    path: t.path.clone(),
+                    line,
+                    column: column.to_string(),
+                    message,
+                };
+                pre.push_row(&cells, &mut v, &locate)?;
+            }
             rows.insert(k, v);
         }
     }
