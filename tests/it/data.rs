@@ -95,14 +95,20 @@ fn missing_values_are_imputed_in_training_and_in_predict() {
     let cfg = tiny_config(
         tmp.path(),
         &export,
-        &[("path: datasets/baseball.csv", &format!("path: {}", data.display()))],
+        &[(
+            "path: datasets/baseball.csv",
+            &format!("path: {}", data.display()),
+        )],
     );
     let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     // Line 8 is data row 7 (the first with a hole), inside the 2005–2019 splits or not:
     // the first hole inside a split is reported.
-    assert!(err.contains("holes.csv:") && err.contains("column `age`: missing value"), "{err}");
+    assert!(
+        err.contains("holes.csv:") && err.contains("column `age`: missing value"),
+        "{err}"
+    );
     let line: u64 = err
         .split("holes.csv:")
         .nth(1)
@@ -119,7 +125,10 @@ fn missing_values_are_imputed_in_training_and_in_predict() {
         tmp.path(),
         &export,
         &[
-            ("path: datasets/baseball.csv", &format!("path: {}", data.display())),
+            (
+                "path: datasets/baseball.csv",
+                &format!("path: {}", data.display()),
+            ),
             (
                 "  split:\n",
                 "  missing:\n    columns:\n      age: {impute: median, indicator: true}\n  split:\n",
@@ -129,7 +138,11 @@ fn missing_values_are_imputed_in_training_and_in_predict() {
     let o = kiln(&["config", "check", cfg.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("imputed cells: age:"), "{}", stdout(&o));
-    assert!(stdout(&o).contains("missing target `hr_rate` (train):"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("missing target `hr_rate` (train):"),
+        "{}",
+        stdout(&o)
+    );
     let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let ckpt = stdout(&o).lines().last().unwrap().trim().to_string();
@@ -143,7 +156,12 @@ fn missing_values_are_imputed_in_training_and_in_predict() {
     let median = age["impute"].as_f64().unwrap();
     assert!((25.0..35.0).contains(&median), "{median}");
     assert!(pre["imputed"]["age"].as_u64().unwrap() > 100, "{pre}");
-    assert!(pre["dropped"]["missing target `hr_rate` (train)"].as_u64().unwrap() > 10);
+    assert!(
+        pre["dropped"]["missing target `hr_rate` (train)"]
+            .as_u64()
+            .unwrap()
+            > 10
+    );
     let names: Vec<&str> = manifest["features"]
         .as_array()
         .unwrap()
@@ -169,7 +187,10 @@ fn missing_values_are_imputed_in_training_and_in_predict() {
     let input = tmp.path().join("rows.csv");
     std::fs::write(
         &input,
-        format!("id,{}\nhole,,{rest}\nmedian,{median},{rest}\nold,38,{rest}\n", cols.join(",")),
+        format!(
+            "id,{}\nhole,,{rest}\nmedian,{median},{rest}\nold,38,{rest}\n",
+            cols.join(",")
+        ),
     )
     .unwrap();
     let out = tmp.path().join("pred.csv");

@@ -981,6 +981,7 @@ mod tests {
             config_sha256: "11".into(),
             latency: None,
             teacher: None,
+            preprocessing: None,
             manifest_sha256: None,
         };
         export(dest, manifest, &w).unwrap()

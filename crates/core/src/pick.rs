@@ -141,11 +141,7 @@ pub fn read_legs(
             .map(|k| t.column_index(k))
             .collect::<Result<_, _>>()?
     };
-    let x = if inline {
-        pre.matrix(&t)?
-    } else {
-        Vec::new()
-    };
+    let x = if inline { pre.matrix(&t)? } else { Vec::new() };
     let mut legs = Vec::new();
     let mut rows = BTreeMap::new();
     for (i, (row, &line)) in t.rows.iter().zip(&t.lines).enumerate() {
@@ -167,10 +163,7 @@ pub fn read_legs(
             .map_err(|e: String| bad(format!("column `side`: {e}")))?;
         let key = if inline {
             let k = format!("line {line}");
-            rows.insert(
-                k.clone(),
-                x[i * nf..(i + 1) * nf].to_vec(),
-            );
+            rows.insert(k.clone(), x[i * nf..(i + 1) * nf].to_vec());
             k
         } else {
             key_idx

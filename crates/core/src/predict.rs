@@ -6,8 +6,8 @@ use std::path::Path;
 
 use crate::artifact::{ArtifactError, Checkpoint};
 use crate::data::ColumnStats;
-use crate::data::preprocess::Preprocessing;
 use crate::data::dataset::Affine;
+use crate::data::preprocess::Preprocessing;
 use crate::data::table::{CsvTable, DataError};
 use crate::infer::{Engine, HeadOutput, InferError};
 use crate::util::write_atomic;

@@ -260,10 +260,11 @@ impl<'de> Deserialize<'de> for SplitPart {
         let v = serde_json::Value::deserialize(d)?;
         match v {
             serde_json::Value::Null => Ok(SplitPart::Rest),
-            serde_json::Value::Number(n) => Ok(SplitPart::Fraction(
-                n.as_f64()
-                    .ok_or_else(|| D::Error::custom(format!("{EXPECTED}, got {n}")))?,
-            )),
+            serde_json::Value::Number(n) => {
+                Ok(SplitPart::Fraction(n.as_f64().ok_or_else(|| {
+                    D::Error::custom(format!("{EXPECTED}, got {n}"))
+                })?))
+            }
             serde_json::Value::Object(map) if map.contains_key("last") => {
                 if map.len() > 1 {
                     return Err(D::Error::custom(
@@ -471,7 +472,9 @@ impl<'de> Deserialize<'de> for MissingPolicy {
                 let with: Imputation = match map.get("impute") {
                     Some(w) => serde_json::from_value(w.clone())
                         .map_err(|_| D::Error::custom(format!("{EXPECTED}, got impute: {w}")))?,
-                    None => return Err(D::Error::custom(format!("{EXPECTED}: `impute` is missing"))),
+                    None => {
+                        return Err(D::Error::custom(format!("{EXPECTED}: `impute` is missing")));
+                    }
                 };
                 let value = match map.get("value") {
                     None => None,

@@ -172,7 +172,10 @@ impl ExperimentConfig {
             if let MissingPolicy::Impute { with, value, .. } = p {
                 match (with, value) {
                     (Imputation::Constant, None) => {
-                        return bad(key, "expected `value: <number>` with `impute: constant`".into());
+                        return bad(
+                            key,
+                            "expected `value: <number>` with `impute: constant`".into(),
+                        );
                     }
                     (Imputation::Constant, Some(v)) if !v.is_finite() => {
                         return bad(key, format!("expected a finite `value`, got {v}"));

@@ -82,7 +82,11 @@ impl Dataset {
     }
 
     /// Split and select columns of an already-read table.
-    pub fn from_table(cfg: &DataConfig, table: &CsvTable, sha256: String) -> Result<Self, DataError> {
+    pub fn from_table(
+        cfg: &DataConfig,
+        table: &CsvTable,
+        sha256: String,
+    ) -> Result<Self, DataError> {
         if table.rows.is_empty() {
             return Err(DataError::Empty {
                 path: cfg.path.clone(),
@@ -102,7 +106,13 @@ impl Dataset {
         let policies: Vec<&MissingPolicy> =
             cfg.features.iter().map(|f| cfg.missing.policy(f)).collect();
         for f in &cfg.features {
-            if matches!(cfg.missing.policy(f), MissingPolicy::Impute { indicator: true, .. }) {
+            if matches!(
+                cfg.missing.policy(f),
+                MissingPolicy::Impute {
+                    indicator: true,
+                    ..
+                }
+            ) {
                 let name = format!("{f}{INDICATOR_SUFFIX}");
                 if cfg.features.contains(&name) || cfg.targets.contains(&name) {
                     return Err(DataError::Other(format!(
@@ -140,7 +150,10 @@ impl Dataset {
                 let cell = &row[j];
                 if is_missing(cell) {
                     *dropped
-                        .entry(format!("missing target `{name}` ({})", split::SPLIT_NAMES[p]))
+                        .entry(format!(
+                            "missing target `{name}` ({})",
+                            split::SPLIT_NAMES[p]
+                        ))
                         .or_default() += 1;
                     continue 'rows;
                 }
@@ -225,14 +238,16 @@ impl Dataset {
                     Imputation::Mean if !seen.is_empty() => {
                         seen.iter().sum::<f64>() / seen.len() as f64
                     }
-                    Imputation::Median if !seen.is_empty() => {
-                        median(&mut seen).expect("non-empty")
-                    }
+                    Imputation::Median if !seen.is_empty() => median(&mut seen).expect("non-empty"),
                     _ => {
                         return Err(DataError::Other(format!(
                             "{}: column `{name}`: every training row is missing, so there is no {} to impute; use impute: constant or drop the feature",
                             cfg.path.display(),
-                            if *with == Imputation::Mean { "mean" } else { "median" }
+                            if *with == Imputation::Mean {
+                                "mean"
+                            } else {
+                                "median"
+                            }
                         )));
                     }
                 };
@@ -269,7 +284,11 @@ impl Dataset {
             part.x = x;
         }
         let mut missing_cells = BTreeMap::new();
-        for (&j, name) in f_idx.iter().zip(&cfg.features).chain(t_idx.iter().zip(&cfg.targets)) {
+        for (&j, name) in f_idx
+            .iter()
+            .zip(&cfg.features)
+            .chain(t_idx.iter().zip(&cfg.targets))
+        {
             let n = table.rows.iter().filter(|r| is_missing(&r[j])).count();
             if n > 0 {
                 missing_cells.insert(name.clone(), n);

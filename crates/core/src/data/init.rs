@@ -110,23 +110,54 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         .next()
         .unwrap_or("table")
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     let list = |v: &[String]| v.join(", ");
     let mut y = String::new();
-    writeln!(y, "# Starter config written by `kiln init` for {}.", data.display()).unwrap();
-    writeln!(y, "# Check it against the data with `kiln config check`, then `kiln train` it.").unwrap();
+    writeln!(
+        y,
+        "# Starter config written by `kiln init` for {}.",
+        data.display()
+    )
+    .unwrap();
+    writeln!(
+        y,
+        "# Check it against the data with `kiln config check`, then `kiln train` it."
+    )
+    .unwrap();
     writeln!(y, "name: {}", if name.is_empty() { "table" } else { &name }).unwrap();
     writeln!(y, "seed: 42").unwrap();
     writeln!(y, "data:").unwrap();
     writeln!(y, "  path: {}", data.display()).unwrap();
-    writeln!(y, "  # Numeric columns, in the order the network sees them.").unwrap();
+    writeln!(
+        y,
+        "  # Numeric columns, in the order the network sees them."
+    )
+    .unwrap();
     writeln!(y, "  features: [{}]", list(&features)).unwrap();
     writeln!(y, "  targets: [{}]", list(targets)).unwrap();
     if missing > 0 {
-        writeln!(y, "  # {missing} feature cells are missing (empty, NaN, NA, null): fill them with the").unwrap();
-        writeln!(y, "  # training median and tell the network where they were. Or: error, drop_row.").unwrap();
-        writeln!(y, "  missing:\n    default: {{impute: median, indicator: true}}").unwrap();
+        writeln!(
+            y,
+            "  # {missing} feature cells are missing (empty, NaN, NA, null): fill them with the"
+        )
+        .unwrap();
+        writeln!(
+            y,
+            "  # training median and tell the network where they were. Or: error, drop_row."
+        )
+        .unwrap();
+        writeln!(
+            y,
+            "  missing:\n    default: {{impute: median, indicator: true}}"
+        )
+        .unwrap();
         notes.push(format!(
             "{missing} missing feature cells: median imputation with indicators"
         ));
@@ -142,10 +173,22 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
                 .filter(|c| !is_missing(c))
                 .collect();
             let k = (distinct.len() / 10).max(1);
-            writeln!(y, "    # Relative windows on `{d}`: test = the newest {k} distinct values, validation").unwrap();
-            writeln!(y, "    # the {k} before, train everything older; they move as the table grows.").unwrap();
+            writeln!(
+                y,
+                "    # Relative windows on `{d}`: test = the newest {k} distinct values, validation"
+            )
+            .unwrap();
+            writeln!(
+                y,
+                "    # the {k} before, train everything older; they move as the table grows."
+            )
+            .unwrap();
             writeln!(y, "    # A duration also works: {{last: 30d}}.").unwrap();
-            writeln!(y, "    column: {d}\n    validation: {{last: {k}}}\n    test: {{last: {k}}}").unwrap();
+            writeln!(
+                y,
+                "    column: {d}\n    validation: {{last: {k}}}\n    test: {{last: {k}}}"
+            )
+            .unwrap();
             notes.push(format!(
                 "split by date column `{d}`: validation and test the last {k} of {} distinct dates each",
                 distinct.len()
@@ -153,7 +196,11 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         }
         None => {
             writeln!(y, "    # No date column: 70/15/15 at random (by: group keeps a column's values together).").unwrap();
-            writeln!(y, "    by: random\n    seed: 0\n    validation: 0.15\n    test: 0.15").unwrap();
+            writeln!(
+                y,
+                "    by: random\n    seed: 0\n    validation: 0.15\n    test: 0.15"
+            )
+            .unwrap();
             notes.push("no date column: random split 70/15/15 (seed 0)".into());
         }
     }
@@ -173,7 +220,11 @@ mod tests {
         let p = dir.path().join("shop sales.csv");
         let mut text = String::from("id,day,store,price,promo,units\n");
         for i in 0..60 {
-            let promo = if i % 9 == 0 { String::new() } else { (i % 2).to_string() };
+            let promo = if i % 9 == 0 {
+                String::new()
+            } else {
+                (i % 2).to_string()
+            };
             text.push_str(&format!(
                 "r{i},2021-03-{:02},s{},{}.5,{promo},{}\n",
                 i % 28 + 1,
@@ -186,18 +237,28 @@ mod tests {
         let s = starter_config(&p, &["units".into()]).unwrap();
         assert!(s.yaml.contains("features: [price, promo]"), "{}", s.yaml);
         assert!(s.yaml.contains("column: day"), "{}", s.yaml);
-        assert!(s.notes.iter().any(|n| n.contains("`store`: text")), "{:?}", s.notes);
+        assert!(
+            s.notes.iter().any(|n| n.contains("`store`: text")),
+            "{:?}",
+            s.notes
+        );
         let cfg = crate::config::parse(&s.yaml, Path::new("init.yaml")).unwrap();
         assert_eq!(cfg.name, "shop_sales");
         let d = crate::data::Dataset::load(&cfg.data).unwrap();
         assert_eq!(d.features, vec!["price", "promo", "promo_missing"]);
         assert!(d.test.rows() > 0 && d.validation.rows() > 0);
         // Without a date column the split is random.
-        std::fs::write(&p, "a,b,y\n1,2,3\n4,5,6\n7,8,9\n1,1,1\n2,2,2\n3,3,3\n4,4,4\n").unwrap();
+        std::fs::write(
+            &p,
+            "a,b,y\n1,2,3\n4,5,6\n7,8,9\n1,1,1\n2,2,2\n3,3,3\n4,4,4\n",
+        )
+        .unwrap();
         let s = starter_config(&p, &["y".into()]).unwrap();
         assert!(s.yaml.contains("by: random"), "{}", s.yaml);
         crate::config::parse(&s.yaml, Path::new("init.yaml")).unwrap();
-        let e = starter_config(&p, &["nope".into()]).unwrap_err().to_string();
+        let e = starter_config(&p, &["nope".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("missing column `nope`"), "{e}");
     }
 }

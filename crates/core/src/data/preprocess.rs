@@ -85,7 +85,9 @@ impl Preprocessing {
     /// Whether the network's inputs are exactly the raw columns (nothing imputed, no
     /// indicators).
     pub fn is_plain(&self) -> bool {
-        self.inputs.iter().all(|c| c.impute.is_none() && !c.indicator)
+        self.inputs
+            .iter()
+            .all(|c| c.impute.is_none() && !c.indicator)
     }
 
     /// One row of network inputs from raw cells (`cells[i]` is input `i`), appended to `out`.

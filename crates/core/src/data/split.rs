@@ -77,7 +77,20 @@ pub fn parse_datetime(s: &str) -> Option<DateTime> {
         return None;
     }
     let (y, m, d) = (num(0..4)?, num(5..7)? as u32, num(8..10)? as u32);
-    let days_in = [31, if leap(y) { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    let days_in = [
+        31,
+        if leap(y) { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
     if !(1..=12).contains(&m) || d == 0 || d > days_in[m as usize - 1] {
         return None;
     }
@@ -193,9 +206,9 @@ pub fn read_key(table: &CsvTable, column: &str) -> Result<(KeyKind, Vec<Option<i
             message: format!("expected {expected}, got {cell:?}"),
         };
         if numeric {
-            let v: f64 = cell.parse().map_err(|_| {
-                bad("an integer (the split column's first value is a number)")
-            })?;
+            let v: f64 = cell
+                .parse()
+                .map_err(|_| bad("an integer (the split column's first value is a number)"))?;
             if !v.is_finite() || v.fract() != 0.0 || v.abs() > 9.0e15 {
                 return Err(bad(
                     "an integer (split values are compared exactly, never truncated)",
@@ -380,7 +393,10 @@ fn window(
 fn by_column(table: &CsvTable, cfg: &SplitConfig, column: &str) -> Result<Assignment, DataError> {
     let (kind, keys) = read_key(table, column)?;
     // A range's ends must be of the column's kind.
-    for (p, name) in [&cfg.train, &cfg.validation, &cfg.test].iter().zip(SPLIT_NAMES) {
+    for (p, name) in [&cfg.train, &cfg.validation, &cfg.test]
+        .iter()
+        .zip(SPLIT_NAMES)
+    {
         if let SplitPart::Range(r) = p {
             for b in [&r.from, &r.to].into_iter().flatten() {
                 let int = matches!(b, Bound::Int(_));

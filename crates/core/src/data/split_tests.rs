@@ -74,7 +74,11 @@ fn rows_outside_every_split_are_counted() {
     assert_eq!(d.unused_rows, 2);
     assert_eq!(d.preprocessing.rows_outside, 2);
     assert_eq!(d.preprocessing.dropped["outside every split"], 2);
-    assert!(d.summary().contains("outside every split: 2"), "{}", d.summary());
+    assert!(
+        d.summary().contains("outside every split: 2"),
+        "{}",
+        d.summary()
+    );
     // A missing cell outside every split does not stop anything.
     load(
         "  features: [a]\n  targets: [y]\n  split:\n    train: {from: 2000, to: 2000}\n    validation: {from: 2001, to: 2001}\n    test: {from: 2002, to: 2002}\n",
@@ -117,7 +121,10 @@ fn date_ranges_select_by_day_and_datetime() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("data.split.train") && e.contains("holds dates"), "{e}");
+    assert!(
+        e.contains("data.split.train") && e.contains("holds dates"),
+        "{e}"
+    );
     // A cell that is not a date is located.
     let e = load(
         "  features: [a]\n  targets: [y]\n  split:\n    column: when\n    validation: {last: 1}\n    test: {last: 1}\n",
@@ -125,7 +132,10 @@ fn date_ranges_select_by_day_and_datetime() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.starts_with("t.csv:4: column `when`: expected an ISO 8601 date"), "{e}");
+    assert!(
+        e.starts_with("t.csv:4: column `when`: expected an ISO 8601 date"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -143,7 +153,10 @@ fn relative_windows_move_as_the_baseball_data_grows() {
     for last in [2016, 2018, 2020] {
         let t = baseball_until(&full, last);
         let d = Dataset::from_table(&cfg(&data), &t, String::new()).unwrap();
-        assert_eq!(d.test.season.iter().collect::<BTreeSet<_>>(), [last].iter().collect());
+        assert_eq!(
+            d.test.season.iter().collect::<BTreeSet<_>>(),
+            [last].iter().collect()
+        );
         assert_eq!(
             d.validation.season.iter().collect::<BTreeSet<_>>(),
             [last - 2, last - 1].iter().collect()
@@ -160,7 +173,9 @@ fn relative_windows_move_as_the_baseball_data_grows() {
         );
     }
     // A train range still bounds the oldest seasons.
-    let data = format!("{BASEBALL}  split:\n    train: {{from: 2000}}\n    validation: {{last: 2}}\n    test: {{last: 1}}\n");
+    let data = format!(
+        "{BASEBALL}  split:\n    train: {{from: 2000}}\n    validation: {{last: 2}}\n    test: {{last: 1}}\n"
+    );
     let d = Dataset::from_table(&cfg(&data), &full, String::new()).unwrap();
     assert!(d.train.season.iter().all(|&s| (2000..=2017).contains(&s)));
     assert_eq!(d.unused_rows, season_rows(&full, 0, 1999));
@@ -208,7 +223,10 @@ fn relative_windows_on_dates_by_count_and_duration() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("validation window {last: 2} needs more than 2 distinct values"), "{e}");
+    assert!(
+        e.contains("validation window {last: 2} needs more than 2 distinct values"),
+        "{e}"
+    );
 }
 
 fn numbered(n: usize, groups: usize) -> String {
@@ -223,10 +241,15 @@ fn numbered(n: usize, groups: usize) -> String {
 fn random_split_has_the_fractions_and_depends_only_on_the_seed() {
     let text = numbered(1000, 1);
     let data = |seed: u64| {
-        format!("  features: [a]\n  targets: [y]\n  split:\n    by: random\n    seed: {seed}\n    validation: 0.2\n    test: 0.1\n")
+        format!(
+            "  features: [a]\n  targets: [y]\n  split:\n    by: random\n    seed: {seed}\n    validation: 0.2\n    test: 0.1\n"
+        )
     };
     let a = load(&data(7), &text).unwrap();
-    assert_eq!([a.train.rows(), a.validation.rows(), a.test.rows()], [700, 200, 100]);
+    assert_eq!(
+        [a.train.rows(), a.validation.rows(), a.test.rows()],
+        [700, 200, 100]
+    );
     let b = load(&data(7), &text).unwrap();
     assert_eq!(a.test.x, b.test.x);
     assert_eq!(a.validation.x, b.validation.x);
@@ -252,11 +275,18 @@ fn random_split_has_the_fractions_and_depends_only_on_the_seed() {
 fn group_split_keeps_each_group_in_one_split() {
     let text = numbered(600, 37);
     let data = |seed: u64| {
-        format!("  features: [a]\n  targets: [y]\n  split:\n    by: group\n    column: g\n    seed: {seed}\n    validation: 0.2\n    test: 0.2\n")
+        format!(
+            "  features: [a]\n  targets: [y]\n  split:\n    by: group\n    column: g\n    seed: {seed}\n    validation: 0.2\n    test: 0.2\n"
+        )
     };
     let d = load(&data(3), &text).unwrap();
-    let group_of = |s: &super::Subset| -> BTreeSet<u32> { s.x.iter().map(|&v| v as u32 % 37).collect() };
-    let (tr, va, te) = (group_of(&d.train), group_of(&d.validation), group_of(&d.test));
+    let group_of =
+        |s: &super::Subset| -> BTreeSet<u32> { s.x.iter().map(|&v| v as u32 % 37).collect() };
+    let (tr, va, te) = (
+        group_of(&d.train),
+        group_of(&d.validation),
+        group_of(&d.test),
+    );
     assert!(tr.is_disjoint(&va) && tr.is_disjoint(&te) && va.is_disjoint(&te));
     assert_eq!(tr.len() + va.len() + te.len(), 37);
     assert_eq!([va.len(), te.len()], [7, 7]);
@@ -280,11 +310,26 @@ fn split_configs_are_checked() {
         )
     };
     for (split, key) in [
-        ("    validation: {last: 2}\n    test: {from: 2019}", "data.split.validation"),
-        ("    validation: 0.2\n    test: 0.1", "data.split.validation"),
-        ("    by: random\n    validation: 0.6\n    test: 0.5", "data.split"),
-        ("    by: group\n    validation: 0.2\n    test: 0.1", "data.split.column"),
-        ("    by: random\n    validation: {last: 1}\n    test: 0.1", "data.split.validation"),
+        (
+            "    validation: {last: 2}\n    test: {from: 2019}",
+            "data.split.validation",
+        ),
+        (
+            "    validation: 0.2\n    test: 0.1",
+            "data.split.validation",
+        ),
+        (
+            "    by: random\n    validation: 0.6\n    test: 0.5",
+            "data.split",
+        ),
+        (
+            "    by: group\n    validation: 0.2\n    test: 0.1",
+            "data.split.column",
+        ),
+        (
+            "    by: random\n    validation: {last: 1}\n    test: 0.1",
+            "data.split.validation",
+        ),
         (
             "    train: {to: 2019-01-01}\n    validation: {from: 2015, to: 2016}\n    test: {from: 2017}",
             "data.split.train",
@@ -295,17 +340,25 @@ fn split_configs_are_checked() {
         ),
     ] {
         match parse(&text(split), Path::new("t.yaml")) {
-            Err(crate::config::ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{split}"),
+            Err(crate::config::ConfigError::Invalid { key: k, .. }) => {
+                assert_eq!(k, key, "{split}")
+            }
             other => panic!("{split}: expected invalid {key}, got {other:?}"),
         }
     }
-    let e = parse(&text("    validation: {last: 0}\n    test: {last: 1}"), Path::new("t.yaml"))
-        .unwrap_err()
-        .to_string();
+    let e = parse(
+        &text("    validation: {last: 0}\n    test: {last: 1}"),
+        Path::new("t.yaml"),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("positive integer"), "{e}");
-    let e = parse(&text("    validation: {last: soon}\n    test: {last: 1}"), Path::new("t.yaml"))
-        .unwrap_err()
-        .to_string();
+    let e = parse(
+        &text("    validation: {last: soon}\n    test: {last: 1}"),
+        Path::new("t.yaml"),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("duration"), "{e}");
 }
 
@@ -319,7 +372,10 @@ fn missing_feature_is_an_error_by_default_naming_line_and_column() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.starts_with("t.csv:3: column `a`: missing value \"NA\""), "{e}");
+    assert!(
+        e.starts_with("t.csv:3: column `a`: missing value \"NA\""),
+        "{e}"
+    );
     assert!(e.contains("data.missing"), "{e}");
 }
 
@@ -337,7 +393,11 @@ fn drop_row_and_missing_targets_are_counted_per_reason() {
     assert_eq!(dropped["missing feature `b` (drop_row)"], 1);
     assert_eq!(dropped["missing target `y` (train)"], 1);
     assert_eq!(dropped["missing target `y` (validation)"], 1);
-    assert!(d.summary().contains("missing target `y` (validation): 1"), "{}", d.summary());
+    assert!(
+        d.summary().contains("missing target `y` (validation): 1"),
+        "{}",
+        d.summary()
+    );
     // Dropping every row of a split says why it is empty.
     let e = load(
         &format!("  features: [a]\n  targets: [y]\n  missing:\n    default: drop_row\n{SEASONS}"),
@@ -345,7 +405,10 @@ fn drop_row_and_missing_targets_are_counted_per_reason() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("validation split") && e.contains("after dropping rows"), "{e}");
+    assert!(
+        e.contains("validation split") && e.contains("after dropping rows"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -383,8 +446,14 @@ fn imputation_uses_training_statistics_only_and_adds_indicators() {
     // The constant needs a value; mean takes none; listed columns are features.
     for (m, key) in [
         ("    default: {impute: constant}\n", "data.missing.default"),
-        ("    default: {impute: mean, value: 3}\n", "data.missing.default"),
-        ("    columns:\n      y: drop_row\n", "data.missing.columns.y"),
+        (
+            "    default: {impute: mean, value: 3}\n",
+            "data.missing.default",
+        ),
+        (
+            "    columns:\n      y: drop_row\n",
+            "data.missing.columns.y",
+        ),
     ] {
         let text = format!(
             "data:\n  path: t.csv\n  features: [a]\n  targets: [y]\n  missing:\n{m}{SEASONS}stages:\n  - name: mean\n    trainable: [backbone, mean_head]\n    loss: mse\n    epochs: 1\n"
