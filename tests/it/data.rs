@@ -28,11 +28,11 @@ fn config_check_and_train_refuse_bad_data_before_any_run_directory() {
         ),
         (
             ("features: [age,", "features: [player_id, age,"),
-            "column `player_id`: expected a number, got \"aaronha01\"",
+            "column `player_id`: expected a number, got",
         ),
         (
             ("test: {from: 2017, to: 2019}", "test: {from: 2017-01-01}"),
-            "holds integers",
+            "one split column has one kind",
         ),
     ];
     for ((a, b), expected) in cases {
