@@ -122,6 +122,18 @@ enum Command {
         #[command(subcommand)]
         command: ImportCommand,
     },
+    /// Write a commented starter config for a table: `kiln init --data FILE --target COL…`.
+    Init {
+        /// The table (CSV, optionally gzip-compressed).
+        #[arg(long)]
+        data: PathBuf,
+        /// Target columns (repeat or comma-separate).
+        #[arg(long = "target", required = true, value_delimiter = ',')]
+        targets: Vec<String>,
+        /// Where to write the config (refuses to overwrite an existing file).
+        #[arg(long, default_value = "kiln.yaml")]
+        out: PathBuf,
+    },
     /// Inspect experiment configs.
     Config {
         #[command(subcommand)]
@@ -387,6 +399,7 @@ fn run(cli: Cli) -> CliResult {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => cli::config::check(&file),
+        Command::Init { data, targets, out } => cli::config::init(&data, &targets, &out),
         Command::Checkpoint {
             command: CheckpointCommand::Reseal { dir, dir_arg },
         } => cli::checkpoint::reseal(&dir.or(dir_arg).unwrap_or_default()),

@@ -1,14 +1,16 @@
-//! `kiln config check FILE`.
+//! `kiln config check FILE` and `kiln init --data FILE --target COL…`.
 
 use std::path::Path;
 
 use super::{CliError, CliResult};
 use kiln::config;
 
-/// Validate a config without training.
+/// Validate a config without training, and check it against its data: the file is
+/// readable, the columns exist with the right kinds, every split has rows.
 pub fn check(path: &Path) -> CliResult {
     let loaded = config::load(path).map_err(CliError::input)?;
     let c = &loaded.config;
+    let data = kiln::data::Dataset::load(&c.data).map_err(CliError::input)?;
     println!(
         "{}: ok — {}, {}, hidden {:?} ({}), {}: {}; loader batch {} workers {} (resolves to {}); device {:?}",
         path.display(),
@@ -30,5 +32,23 @@ pub fn check(path: &Path) -> CliResult {
         c.loader.num_workers.resolve(),
         c.device
     );
+    println!("{}", data.check_report());
+    Ok(())
+}
+
+/// Write a starter config for a table and say what it chose.
+pub fn init(data: &Path, targets: &[String], out: &Path) -> CliResult {
+    if out.exists() {
+        return Err(CliError::input(anyhow::anyhow!(
+            "{} exists; choose another --out or remove it",
+            out.display()
+        )));
+    }
+    let s = kiln::data::init::starter_config(data, targets).map_err(CliError::input)?;
+    kiln::util::write_atomic(out, s.yaml.as_bytes()).map_err(CliError::from)?;
+    for n in &s.notes {
+        eprintln!("{n}");
+    }
+    println!("{}", out.display());
     Ok(())
 }

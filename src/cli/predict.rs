@@ -30,7 +30,7 @@ pub fn run(checkpoint: &Path, input: &Path, output: Option<&Path>, engine: &str)
     let (text, rows) = predict_csv(
         &mut predictor,
         input,
-        &ckpt.manifest.feature_names(),
+        &ckpt.manifest.input_preprocessing(),
         &ckpt.manifest.target_names(),
     )
     .map_err(|e| match e {

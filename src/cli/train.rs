@@ -40,6 +40,9 @@ fn run_error(e: RunError) -> CliError {
 /// `kiln train`.
 pub fn run(args: TrainArgs<'_>) -> CliResult {
     let loaded = load_with_overrides(args.config, args.set)?;
+    // The same data check as `kiln config check`, before any run directory or registry row
+    // exists: a missing column, a wrong kind or an empty split leaves nothing behind.
+    kiln::data::Dataset::load(&loaded.config.data).map_err(CliError::input)?;
     // The registry opens before the run directory exists, so a registry that cannot be opened
     // leaves no run behind that claims to be running.
     let registry_path = args

@@ -5,6 +5,7 @@
 mod architecture;
 mod calibration;
 mod common;
+mod data;
 mod deploy;
 mod distill;
 mod early_stopping;

@@ -606,6 +606,10 @@ pub struct Manifest {
     /// older checkpoints and when none was fitted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationInfo>,
+    /// The input preprocessing (imputation, missing indicators) and what it did to the
+    /// training data; absent in manifests of older kiln versions (plain numeric inputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preprocessing: Option<crate::data::preprocess::Preprocessing>,
     /// The seal: SHA-256 of the manifest's canonical form without this key
     /// ([`manifest_digest`]); set by [`seal`]. `None` in manifests of older kiln versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -780,6 +784,7 @@ impl Manifest {
             latency: None,
             teacher: parts.teacher,
             calibration: None,
+            preprocessing: None,
             manifest_sha256: None,
         }
     }
@@ -792,6 +797,14 @@ impl Manifest {
     /// Feature names in network order.
     pub fn feature_names(&self) -> Vec<String> {
         self.features.iter().map(|c| c.name.clone()).collect()
+    }
+
+    /// The preprocessing from raw columns to the network's inputs (plain numeric columns for
+    /// checkpoints without one).
+    pub fn input_preprocessing(&self) -> crate::data::preprocess::Preprocessing {
+        self.preprocessing
+            .clone()
+            .unwrap_or_else(|| crate::data::preprocess::Preprocessing::plain(&self.feature_names()))
     }
 
     /// Target names.
@@ -1079,6 +1092,7 @@ mod tests {
             latency: None,
             teacher: None,
             calibration: None,
+            preprocessing: None,
             manifest_sha256: None,
         };
         export(dest, manifest, &w).unwrap()

@@ -133,8 +133,9 @@ pub fn read_legs(
     );
     let pi = t.header.iter().position(|h| h == "pick");
     let targets = manifest.target_names();
-    let features = manifest.feature_names();
-    let inline = features.iter().all(|f| t.header.contains(f));
+    let pre = manifest.input_preprocessing();
+    let inline = pre.input_names().iter().all(|f| t.header.contains(f));
+    let nf = pre.n_features();
     let key_idx: Vec<usize> = if inline {
         Vec::new()
     } else {
@@ -142,11 +143,7 @@ pub fn read_legs(
             .map(|k| t.column_index(k))
             .collect::<Result<_, _>>()?
     };
-    let x = if inline {
-        t.numeric_matrix(&features)?
-    } else {
-        Vec::new()
-    };
+    let x = if inline { pre.matrix(&t)? } else { Vec::new() };
     let mut legs = Vec::new();
     let mut rows = BTreeMap::new();
     for (i, (row, &line)) in t.rows.iter().zip(&t.lines).enumerate() {
@@ -168,10 +165,7 @@ pub fn read_legs(
             .map_err(|e: String| bad(format!("column `side`: {e}")))?;
         let key = if inline {
             let k = format!("line {line}");
-            rows.insert(
-                k.clone(),
-                x[i * features.len()..(i + 1) * features.len()].to_vec(),
-            );
+            rows.insert(k.clone(), x[i * nf..(i + 1) * nf].to_vec());
             k
         } else {
             key_idx
@@ -210,12 +204,14 @@ pub fn read_rows(
         .iter()
         .map(|k| t.column_index(k))
         .collect::<Result<_, _>>()?;
-    let features = manifest.feature_names();
-    let f_idx: Vec<usize> = features
+    let pre = manifest.input_preprocessing();
+    let f_idx: Vec<usize> = pre
+        .inputs
         .iter()
-        .map(|f| t.column_index(f))
+        .map(|f| t.column_index(&f.name))
         .collect::<Result<_, _>>()?;
     let mut rows = BTreeMap::new();
+    let mut cells = Vec::with_capacity(f_idx.len());
     for (row, &line) in t.rows.iter().zip(&t.lines) {
         let k = key_idx
             .iter()
@@ -223,11 +219,30 @@ pub fn read_rows(
             .collect::<Vec<_>>()
             .join(":");
         if wanted.iter().any(|w| **w == k) {
-            let v = f_idx
-                .iter()
-                .zip(&features)
-                .map(|(&j, f)| t.parse_cell_f32(&row[j], line, f))
-                .collect::<Result<Vec<f32>, _>>()?;
+            cells.clear();
+            cells.extend(f_idx.iter().map(|&j| row[j].as_str()));
+            let mut v = Vec::with_capacity(pre.n_features());
+            if pre.is_plain() {
+                for (cell, f) in cells.iter().zip(&pre.inputs) {
+                    v.push(t.parse_cell_f32(cell, line, &f.name)?);
+                }
+            } else {
+                let locate = |column: &str, message: String| DataError::Cell {
+                    path: t.path.clone(),
+                    line,
+                    column: column.to_string(),
+                    message,
+                };
+                pre.push_row(&cells, &mut v, &locate)?;
+                // Finite after conversion to f32 (3.5e38 is finite in f64, inf in f32).
+                if let Some(k) = v.iter().position(|x| !x.is_finite()) {
+                    let name = pre.network_features().get(k).cloned().unwrap_or_default();
+                    return Err(PickError::Data(locate(
+                        &name,
+                        "the value is not finite once converted to f32 (|v| > 3.4e38)".into(),
+                    )));
+                }
+            }
             rows.insert(k, v);
         }
     }

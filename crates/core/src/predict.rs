@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::artifact::{ArtifactError, Checkpoint};
 use crate::data::ColumnStats;
 use crate::data::dataset::Affine;
+use crate::data::preprocess::Preprocessing;
 use crate::data::table::{CsvTable, DataError};
 use crate::infer::{Engine, HeadOutput, InferError};
 use crate::util::write_atomic;
@@ -147,18 +148,20 @@ impl Predictor {
     }
 }
 
-/// Predict every row of a CSV file. Non-feature columns are passed through in front; then
+/// Predict every row of a CSV file: raw input columns go through the checkpoint's
+/// preprocessing (imputation, missing indicators). Non-input columns are passed through in front; then
 /// `<target>_mean` and `<target>_std` per target. Returns the CSV text and the row count.
 pub fn predict_csv(
     predictor: &mut Predictor,
     input: &Path,
-    features: &[String],
+    pre: &Preprocessing,
     targets: &[String],
 ) -> Result<(String, usize), PredictError> {
     let table = CsvTable::read(input)?;
-    let x = table.numeric_matrix(features)?;
+    let x = pre.matrix(&table)?;
+    let inputs = pre.input_names();
     let passthrough: Vec<usize> = (0..table.header.len())
-        .filter(|&i| !features.contains(&table.header[i]))
+        .filter(|&i| !inputs.contains(&table.header[i]))
         .collect();
     let rows = table.rows.len();
     let k = targets.len();
@@ -174,7 +177,7 @@ pub fn predict_csv(
     text.push_str(&header.join(","));
     text.push('\n');
     const CHUNK: usize = 4096;
-    let nf = features.len();
+    let nf = pre.n_features();
     let mut pred = Prediction {
         mean: Vec::new(),
         std: Vec::new(),

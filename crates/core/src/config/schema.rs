@@ -145,40 +145,65 @@ pub enum Precision {
     Bf16,
 }
 
-/// An inclusive range of seasons; either end may be open.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct SeasonRange {
-    /// First season (inclusive); open when absent.
-    #[serde(default)]
-    pub from: Option<i64>,
-    /// Last season (inclusive); open when absent.
-    #[serde(default)]
-    pub to: Option<i64>,
+/// One end of a column range: an integer, or an ISO 8601 date / datetime string
+/// (`YYYY-MM-DD`, `YYYY-MM-DDTHH:MM:SS[Z]`) for a date column.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Bound {
+    /// An integer value (a season, a fold, a `yyyymmdd`).
+    Int(i64),
+    /// A date or datetime.
+    Date(String),
 }
 
-impl SeasonRange {
-    /// Whether `season` lies in the range.
-    pub fn contains(&self, season: i64) -> bool {
-        self.from.is_none_or(|f| season >= f) && self.to.is_none_or(|t| season <= t)
+impl fmt::Display for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bound::Int(v) => write!(f, "{v}"),
+            Bound::Date(s) => f.write_str(s),
+        }
     }
+}
 
-    pub(super) fn overlaps(&self, other: &SeasonRange) -> bool {
-        let lo = self
-            .from
-            .unwrap_or(i64::MIN)
-            .max(other.from.unwrap_or(i64::MIN));
-        let hi = self
-            .to
-            .unwrap_or(i64::MAX)
-            .min(other.to.unwrap_or(i64::MAX));
-        lo <= hi
+impl<'de> Deserialize<'de> for Bound {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::Number(n) => match n.as_i64() {
+                Some(v) => Ok(Bound::Int(v)),
+                None => Err(D::Error::custom(format!(
+                    "expected an integer or an ISO 8601 date (\"YYYY-MM-DD\"), got {n}"
+                ))),
+            },
+            serde_json::Value::String(s) => match crate::data::split::parse_datetime(&s) {
+                Some(_) => Ok(Bound::Date(s)),
+                None => Err(D::Error::custom(format!(
+                    "expected an integer or an ISO 8601 date (\"YYYY-MM-DD\" or \"YYYY-MM-DDTHH:MM:SS\"), got {s:?}"
+                ))),
+            },
+            other => Err(D::Error::custom(format!(
+                "expected an integer or an ISO 8601 date, got {other}"
+            ))),
+        }
     }
+}
+
+/// An inclusive range of values of the split column (seasons by default); either end may be
+/// open.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SeasonRange {
+    /// First value (inclusive); open when absent.
+    #[serde(default)]
+    pub from: Option<Bound>,
+    /// Last value (inclusive); open when absent.
+    #[serde(default)]
+    pub to: Option<Bound>,
 }
 
 impl fmt::Display for SeasonRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.from, self.to) {
+        match (&self.from, &self.to) {
             (Some(a), Some(b)) => write!(f, "{a}–{b}"),
             (Some(a), None) => write!(f, "≥ {a}"),
             (None, Some(b)) => write!(f, "≤ {b}"),
@@ -187,16 +212,189 @@ impl fmt::Display for SeasonRange {
     }
 }
 
-/// Train / validation / test split by season.
+/// How long a relative window is: a count of distinct values of the split column, or (date
+/// columns only) a duration such as `"30d"`, `"2w"` or `"12h"`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum WindowLength {
+    /// The newest `n` distinct values.
+    Count(u64),
+    /// A duration, as written (`<n>d`, `<n>w`, `<n>h`).
+    Duration(String),
+}
+
+impl WindowLength {
+    /// The duration in seconds (`None` for a count).
+    pub fn seconds(&self) -> Option<i64> {
+        match self {
+            WindowLength::Count(_) => None,
+            WindowLength::Duration(s) => parse_duration(s),
+        }
+    }
+}
+
+/// Parse `<n>d`, `<n>w` or `<n>h` into seconds.
+pub fn parse_duration(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let unit = s.chars().last()?;
+    let n: i64 = s[..s.len() - unit.len_utf8()].trim().parse().ok()?;
+    if n <= 0 {
+        return None;
+    }
+    let per = match unit {
+        'h' => 3_600,
+        'd' => 86_400,
+        'w' => 7 * 86_400,
+        _ => return None,
+    };
+    n.checked_mul(per)
+}
+
+impl fmt::Display for WindowLength {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WindowLength::Count(n) => write!(f, "last {n}"),
+            WindowLength::Duration(s) => write!(f, "last {s}"),
+        }
+    }
+}
+
+/// What one split (train, validation or test) takes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum SplitPart {
+    /// `{from: …, to: …}`: an inclusive range of the split column (`by: column`).
+    Range(SeasonRange),
+    /// `{last: N}` or `{last: "30d"}`: a window counted back from the newest value present
+    /// (`by: column`); the test window is the newest, validation the one just before it.
+    Last(WindowLength),
+    /// A fraction of the rows (`by: random`) or of the groups (`by: group`).
+    Fraction(f64),
+    /// Absent (train only): everything the other splits leave (older than the relative
+    /// windows, or the remaining rows/groups of a random split).
+    #[default]
+    Rest,
+}
+
+impl SplitPart {
+    /// Whether this is [`SplitPart::Rest`] (the default of `train`).
+    pub fn is_rest(&self) -> bool {
+        matches!(self, SplitPart::Rest)
+    }
+}
+
+impl fmt::Display for SplitPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SplitPart::Range(r) => r.fmt(f),
+            SplitPart::Last(w) => w.fmt(f),
+            SplitPart::Fraction(x) => write!(f, "{x}"),
+            SplitPart::Rest => f.write_str("the rest"),
+        }
+    }
+}
+
+impl Serialize for SplitPart {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            SplitPart::Range(r) => r.serialize(s),
+            SplitPart::Last(w) => {
+                let mut m = s.serialize_map(Some(1))?;
+                m.serialize_entry("last", w)?;
+                m.end()
+            }
+            SplitPart::Fraction(x) => s.serialize_f64(*x),
+            SplitPart::Rest => s.serialize_unit(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SplitPart {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        const EXPECTED: &str = "expected {from: …, to: …}, {last: N} (distinct values), {last: \"30d\"} (a duration: h, d or w) or a fraction such as 0.2";
+        let v = serde_json::Value::deserialize(d)?;
+        match v {
+            serde_json::Value::Null => Ok(SplitPart::Rest),
+            serde_json::Value::Number(n) => {
+                Ok(SplitPart::Fraction(n.as_f64().ok_or_else(|| {
+                    D::Error::custom(format!("{EXPECTED}, got {n}"))
+                })?))
+            }
+            serde_json::Value::Object(map) if map.contains_key("last") => {
+                if map.len() > 1 {
+                    return Err(D::Error::custom(
+                        "`last` stands alone: give either {last: …} or {from: …, to: …}",
+                    ));
+                }
+                match &map["last"] {
+                    serde_json::Value::Number(n) => match n.as_u64() {
+                        Some(k) if k > 0 => Ok(SplitPart::Last(WindowLength::Count(k))),
+                        _ => Err(D::Error::custom(format!(
+                            "`last` counts distinct values: expected a positive integer, got {n}"
+                        ))),
+                    },
+                    serde_json::Value::String(s) if parse_duration(s).is_some() => {
+                        Ok(SplitPart::Last(WindowLength::Duration(s.clone())))
+                    }
+                    other => Err(D::Error::custom(format!(
+                        "`last` expects a positive integer (distinct values) or a duration such as \"30d\", \"2w\", \"12h\", got {other}"
+                    ))),
+                }
+            }
+            serde_json::Value::Object(_) => serde_json::from_value::<SeasonRange>(v)
+                .map(SplitPart::Range)
+                .map_err(|e| D::Error::custom(format!("{EXPECTED}: {e}"))),
+            other => Err(D::Error::custom(format!("{EXPECTED}, got {other}"))),
+        }
+    }
+}
+
+/// How rows are assigned to splits.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitBy {
+    /// By the value of a column (ranges or relative windows); the column is `split.column`,
+    /// else `data.season_column`.
+    #[default]
+    Column,
+    /// Rows drawn at random (seeded) in the given fractions.
+    Random,
+    /// Groups (the distinct values of `split.column`) drawn at random in the given fractions:
+    /// a group is never in two splits.
+    Group,
+}
+
+impl SplitBy {
+    /// Whether this is the default, [`SplitBy::Column`].
+    pub fn is_column(&self) -> bool {
+        *self == SplitBy::Column
+    }
+}
+
+/// Train / validation / test split: by a column's value (integer or date ranges, or relative
+/// windows counted back from the newest value), at random, or at random by group.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SplitConfig {
-    /// Seasons used to fit the model and the normalisation statistics.
-    pub train: SeasonRange,
-    /// Seasons used to pick the best epoch and the residual correlation.
-    pub validation: SeasonRange,
-    /// Seasons used only for the final report.
-    pub test: SeasonRange,
+    /// `column` (default), `random` or `group`.
+    #[serde(default, skip_serializing_if = "SplitBy::is_column")]
+    pub by: SplitBy,
+    /// The split column (`by: column`, default `data.season_column`) or the group column
+    /// (`by: group`, required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<String>,
+    /// Seed of a random or grouped split (default 0); independent of the experiment seed, so
+    /// runs with different seeds see the same split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Rows used to fit the model and the normalisation statistics (absent: the rest).
+    #[serde(default, skip_serializing_if = "SplitPart::is_rest")]
+    pub train: SplitPart,
+    /// Rows used to pick the best epoch and the residual correlation.
+    pub validation: SplitPart,
+    /// Rows used only for the final report.
+    pub test: SplitPart,
 }
 
 /// Where the data comes from and which columns matter.
@@ -212,8 +410,16 @@ pub struct DataConfig {
     pub features: Vec<String>,
     /// Target columns.
     pub targets: Vec<String>,
-    /// The season split.
+    /// The split (see [`SplitConfig`]).
     pub split: SplitConfig,
+    /// The CSV delimiter: `","`, `"\t"`, `";"` or `"|"` (absent: sniffed from the header
+    /// line among comma, tab and semicolon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delimiter: Option<char>,
+    /// What to do with missing cells (empty, `NaN`, `NA`, `null`) in feature columns; a row
+    /// whose target is missing is always dropped from its split.
+    #[serde(default, skip_serializing_if = "MissingConfig::is_default")]
+    pub missing: MissingConfig,
     /// Extra per-sample work in the data path: the number of passes of a real
     /// feature transform (a Box–Cox/Yeo–Johnson style power transform, evaluated and
     /// inverted) applied to each sample when a batch is assembled. 0 (default) disables
@@ -221,6 +427,138 @@ pub struct DataConfig {
     /// bottleneck verdict is meant to detect.
     #[serde(default)]
     pub transform_passes: u32,
+}
+
+/// Missing-value policies: one default and per-column exceptions.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MissingConfig {
+    /// The policy of every feature column not listed in `columns` (default `error`).
+    #[serde(default)]
+    pub default: MissingPolicy,
+    /// Per feature column.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub columns: std::collections::BTreeMap<String, MissingPolicy>,
+}
+
+impl MissingConfig {
+    /// Whether nothing differs from the default (`error` everywhere).
+    pub fn is_default(&self) -> bool {
+        *self == MissingConfig::default()
+    }
+
+    /// The policy of a feature column.
+    pub fn policy(&self, column: &str) -> &MissingPolicy {
+        self.columns.get(column).unwrap_or(&self.default)
+    }
+}
+
+/// How a value is imputed.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Imputation {
+    /// The training split's mean of the column.
+    Mean,
+    /// The training split's median of the column.
+    Median,
+    /// A fixed `value`.
+    Constant,
+}
+
+/// What a missing feature cell does.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum MissingPolicy {
+    /// Stop with the file, line and column (the default).
+    #[default]
+    Error,
+    /// Drop the row from its split (counted and reported).
+    DropRow,
+    /// Fill the cell; statistics come from the training split only and travel in the
+    /// checkpoint.
+    Impute {
+        /// Mean, median or constant.
+        with: Imputation,
+        /// The constant (`impute: constant` only).
+        value: Option<f64>,
+        /// Also give the network a `<column>_missing` 0/1 feature.
+        indicator: bool,
+    },
+}
+
+impl Serialize for MissingPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            MissingPolicy::Error => s.serialize_str("error"),
+            MissingPolicy::DropRow => s.serialize_str("drop_row"),
+            MissingPolicy::Impute {
+                with,
+                value,
+                indicator,
+            } => {
+                let mut m = s.serialize_map(None)?;
+                m.serialize_entry("impute", with)?;
+                if let Some(v) = value {
+                    m.serialize_entry("value", v)?;
+                }
+                if *indicator {
+                    m.serialize_entry("indicator", indicator)?;
+                }
+                m.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MissingPolicy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        const EXPECTED: &str = "expected `error`, `drop_row` or {impute: mean | median | constant, value: …, indicator: true | false}";
+        let v = serde_json::Value::deserialize(d)?;
+        match &v {
+            serde_json::Value::String(s) if s == "error" => Ok(MissingPolicy::Error),
+            serde_json::Value::String(s) if s == "drop_row" => Ok(MissingPolicy::DropRow),
+            serde_json::Value::Object(map) => {
+                if let Some(k) = map
+                    .keys()
+                    .find(|k| !["impute", "value", "indicator"].contains(&k.as_str()))
+                {
+                    return Err(D::Error::custom(format!("unknown key `{k}`: {EXPECTED}")));
+                }
+                let with: Imputation = match map.get("impute") {
+                    Some(w) => serde_json::from_value(w.clone())
+                        .map_err(|_| D::Error::custom(format!("{EXPECTED}, got impute: {w}")))?,
+                    None => {
+                        return Err(D::Error::custom(format!("{EXPECTED}: `impute` is missing")));
+                    }
+                };
+                let value = match map.get("value") {
+                    None => None,
+                    Some(serde_json::Value::Number(n)) => n.as_f64(),
+                    Some(other) => {
+                        return Err(D::Error::custom(format!(
+                            "`value` expects a number, got {other}"
+                        )));
+                    }
+                };
+                let indicator = match map.get("indicator") {
+                    None => false,
+                    Some(serde_json::Value::Bool(b)) => *b,
+                    Some(other) => {
+                        return Err(D::Error::custom(format!(
+                            "`indicator` expects true or false, got {other}"
+                        )));
+                    }
+                };
+                Ok(MissingPolicy::Impute {
+                    with,
+                    value,
+                    indicator,
+                })
+            }
+            other => Err(D::Error::custom(format!("{EXPECTED}, got {other}"))),
+        }
+    }
 }
 
 fn default_season_column() -> String {

@@ -138,30 +138,220 @@ impl ExperimentConfig {
                 format!("column {t:?} is both a feature and a target"),
             );
         }
+        if let Some(d) = self.data.delimiter
+            && ![',', '\t', ';', '|'].contains(&d)
+        {
+            return bad(
+                "data.delimiter".into(),
+                format!("expected \",\", \"\\t\", \";\" or \"|\", got {d:?}"),
+            );
+        }
+        self.validate_missing(bad)?;
+        self.validate_split(bad)
+    }
+
+    /// Check `data.missing`: listed columns are features; constants are given exactly when
+    /// imputing a constant, and finite.
+    fn validate_missing(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
+        let m = &self.data.missing;
+        let mut all = vec![("data.missing.default".to_string(), &m.default)];
+        for (name, p) in &m.columns {
+            let key = format!("data.missing.columns.{name}");
+            if !self.data.features.contains(name) {
+                return bad(
+                    key,
+                    format!(
+                        "expected a feature column ({}); a row with a missing target is always dropped",
+                        self.data.features.join(", ")
+                    ),
+                );
+            }
+            all.push((key, p));
+        }
+        for (key, p) in all {
+            if let MissingPolicy::Impute { with, value, .. } = p {
+                match (with, value) {
+                    (Imputation::Constant, None) => {
+                        return bad(
+                            key,
+                            "expected `value: <number>` with `impute: constant`".into(),
+                        );
+                    }
+                    (Imputation::Constant, Some(v)) if !v.is_finite() => {
+                        return bad(key, format!("expected a finite `value`, got {v}"));
+                    }
+                    (Imputation::Mean | Imputation::Median, Some(_)) => {
+                        return bad(
+                            key,
+                            "`value` is for `impute: constant`; mean and median come from the training split".into(),
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Check `data.split`: the parts fit the split kind, ranges are ordered and disjoint,
+    /// fractions add up to at most 1.
+    fn validate_split(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
         let split = &self.data.split;
-        for (range, key) in [
+        let parts = [
             (&split.train, "data.split.train"),
             (&split.validation, "data.split.validation"),
             (&split.test, "data.split.test"),
-        ] {
-            if let (Some(a), Some(b)) = (range.from, range.to)
-                && a > b
-            {
-                return bad(key.into(), format!("`from` ({a}) must be ≤ `to` ({b})"));
+        ];
+        match split.by {
+            SplitBy::Column => {
+                if split.seed.is_some() {
+                    return bad(
+                        "data.split.seed".into(),
+                        "a seed is for `by: random` or `by: group`; a column split is not random"
+                            .into(),
+                    );
+                }
+                for (part, key) in parts {
+                    if let SplitPart::Fraction(_) = part {
+                        return bad(
+                            key.into(),
+                            "expected {from: …, to: …} or {last: …} for a column split; fractions need `by: random` or `by: group`".into(),
+                        );
+                    }
+                }
+                if let SplitPart::Last(_) = split.train {
+                    return bad(
+                        "data.split.train".into(),
+                        "expected {from: …, to: …} or nothing (everything older than the validation window); `last` is for validation and test".into(),
+                    );
+                }
+                let relative = [&split.validation, &split.test]
+                    .iter()
+                    .filter(|p| matches!(p, SplitPart::Last(_)))
+                    .count();
+                if relative == 1 {
+                    return bad(
+                        "data.split.validation".into(),
+                        "expected relative windows for both validation and test ({last: …}) or ranges for both".into(),
+                    );
+                }
+                if matches!(split.validation, SplitPart::Rest)
+                    || matches!(split.test, SplitPart::Rest)
+                {
+                    return bad(
+                        "data.split.test".into(),
+                        "expected a range or {last: …} for both validation and test".into(),
+                    );
+                }
+                let mut kinds = Vec::new();
+                for (part, key) in parts {
+                    let SplitPart::Range(r) = part else {
+                        if let SplitPart::Last(WindowLength::Duration(_)) = part {
+                            kinds.push(("a duration", key));
+                        }
+                        continue;
+                    };
+                    let mut ends = [None, None];
+                    for (k, b) in [&r.from, &r.to].into_iter().enumerate() {
+                        let Some(b) = b else { continue };
+                        kinds.push((
+                            if matches!(b, Bound::Int(_)) {
+                                "an integer"
+                            } else {
+                                "a date"
+                            },
+                            key,
+                        ));
+                        ends[k] = Some(crate::data::split::bound_value(b, k == 1));
+                    }
+                    if let [Some(a), Some(b)] = ends
+                        && a > b
+                    {
+                        return bad(
+                            key.into(),
+                            format!(
+                                "`from` ({}) must be ≤ `to` ({})",
+                                r.from.as_ref().expect("set"),
+                                r.to.as_ref().expect("set")
+                            ),
+                        );
+                    }
+                }
+                let ints = kinds.iter().find(|k| k.0 == "an integer");
+                let dates = kinds.iter().find(|k| k.0 != "an integer");
+                if let (Some(i), Some(d)) = (ints, dates) {
+                    return bad(
+                        d.1.into(),
+                        format!(
+                            "{} here but {} in `{}`: one split column has one kind",
+                            d.0, i.0, i.1
+                        ),
+                    );
+                }
+                let ranges: Vec<(&SeasonRange, &str)> = parts
+                    .iter()
+                    .filter_map(|(p, k)| match p {
+                        SplitPart::Range(r) => Some((r, *k)),
+                        _ => None,
+                    })
+                    .collect();
+                for i in 0..ranges.len() {
+                    for j in i + 1..ranges.len() {
+                        let (a, b) = (ranges[i].0, ranges[j].0);
+                        if crate::data::split::ranges_overlap(a, b) {
+                            return bad(
+                                ranges[j].1.into(),
+                                format!(
+                                    "values {b} overlap values {a} of another split; splits must be disjoint"
+                                ),
+                            );
+                        }
+                    }
+                }
             }
-        }
-        for (a, b, key) in [
-            (&split.train, &split.validation, "data.split.validation"),
-            (&split.train, &split.test, "data.split.test"),
-            (&split.validation, &split.test, "data.split.test"),
-        ] {
-            if a.overlaps(b) {
-                return bad(
-                    key.into(),
-                    format!(
-                        "seasons {b} overlap seasons {a} of another split; splits must be disjoint"
-                    ),
-                );
+            SplitBy::Random | SplitBy::Group => {
+                let how = if split.by == SplitBy::Random {
+                    "random"
+                } else {
+                    "group"
+                };
+                if split.by == SplitBy::Group && split.column.is_none() {
+                    return bad(
+                        "data.split.column".into(),
+                        "expected the group column (`by: group` keeps each of its values in one split)".into(),
+                    );
+                }
+                if split.by == SplitBy::Random && split.column.is_some() {
+                    return bad(
+                        "data.split.column".into(),
+                        "`by: random` draws rows and reads no column; use `by: group` to keep a column's values together".into(),
+                    );
+                }
+                let mut total = 0.0;
+                for (part, key) in parts {
+                    match part {
+                        SplitPart::Fraction(x) if x.is_finite() && *x > 0.0 && *x < 1.0 => {
+                            total += x
+                        }
+                        SplitPart::Rest if key == "data.split.train" => {}
+                        other => {
+                            return bad(
+                                key.into(),
+                                format!(
+                                    "expected a fraction 0 < f < 1 for `by: {how}`, got {other}"
+                                ),
+                            );
+                        }
+                    }
+                }
+                if total > 1.0 + 1e-9 || (split.train.is_rest() && total >= 1.0) {
+                    return bad(
+                        "data.split".into(),
+                        format!(
+                            "expected the fractions to add up to at most 1 (leaving some rows for training), got {total}"
+                        ),
+                    );
+                }
             }
         }
         Ok(())

@@ -5,8 +5,20 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::table::{CsvTable, DataError};
-use crate::config::DataConfig;
+use std::collections::BTreeMap;
+
+use super::preprocess::{INDICATOR_SUFFIX, InputColumn, Preprocessing, median};
+use super::split;
+use super::table::{CsvTable, DataError, is_missing};
+use crate::config::{DataConfig, Imputation, MissingPolicy};
+
+/// `a 3, b 1` for counts by reason or column.
+pub fn describe_counts(m: &BTreeMap<String, usize>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// Rows of features and targets (row-major), raw units.
 #[derive(Debug, Clone, Default)]
@@ -15,7 +27,7 @@ pub struct Subset {
     pub x: Vec<f32>,
     /// `rows × n_targets`.
     pub y: Vec<f32>,
-    /// The season of each row.
+    /// The split column's value of each row (0 for random and grouped splits).
     pub season: Vec<i64>,
     /// Each row's index among the file's data rows (0 = the first row after the header), so
     /// that other columns of the same rows can be read back (e.g. the gate's group column).
@@ -29,14 +41,15 @@ impl Subset {
     }
 }
 
-/// A dataset read from a CSV file and split by season.
+/// A dataset read from a CSV file and split (see [`super::split`]), with missing values
+/// handled as configured (see [`Preprocessing`]).
 #[derive(Debug, Clone)]
 pub struct Dataset {
     /// The CSV file.
     pub path: PathBuf,
     /// SHA-256 of the file's bytes (hex).
     pub sha256: String,
-    /// Feature column names, in network order.
+    /// Feature names, in network order (the configured features, then missing indicators).
     pub features: Vec<String>,
     /// Target column names.
     pub targets: Vec<String>,
@@ -48,64 +61,306 @@ pub struct Dataset {
     pub test: Subset,
     /// Rows in the file outside every split.
     pub unused_rows: usize,
+    /// Each split as resolved on this data (train, validation, test), e.g.
+    /// `last 2 (2017–2018)`.
+    pub split_describe: [String; 3],
+    /// The preprocessing fit on the training split, with the counts of dropped rows and
+    /// imputed cells.
+    pub preprocessing: Preprocessing,
+    /// Missing cells (empty, `NaN`, `NA`, `null`) per feature and target column, over the
+    /// whole file.
+    pub missing_cells: BTreeMap<String, usize>,
 }
 
 impl Dataset {
-    /// Read `cfg.path`, select the configured columns and split by season.
+    /// Read `cfg.path`, split it, select the configured columns and handle missing values.
     pub fn load(cfg: &DataConfig) -> Result<Self, DataError> {
         let bytes = std::fs::read(&cfg.path).map_err(|source| DataError::Io {
             path: cfg.path.clone(),
             source,
         })?;
         let sha256 = sha256_hex(&bytes);
-        let table = CsvTable::from_bytes(&bytes, &cfg.path)?;
+        let table = CsvTable::from_bytes_with(&bytes, &cfg.path, cfg.delimiter.map(|c| c as u8))?;
+        Self::from_table(cfg, &table, sha256)
+    }
+
+    /// Split and select columns of an already-read table.
+    pub fn from_table(
+        cfg: &DataConfig,
+        table: &CsvTable,
+        sha256: String,
+    ) -> Result<Self, DataError> {
         if table.rows.is_empty() {
             return Err(DataError::Empty {
                 path: cfg.path.clone(),
             });
         }
-        let x = table.numeric_matrix(&cfg.features)?;
-        let y = table.numeric_matrix(&cfg.targets)?;
-        let seasons = table.numeric_column(&cfg.season_column)?;
-        let (nf, nt) = (cfg.features.len(), cfg.targets.len());
-        let mut parts = [Subset::default(), Subset::default(), Subset::default()];
-        let ranges = [&cfg.split.train, &cfg.split.validation, &cfg.split.test];
-        let mut unused = 0;
-        for (i, &s) in seasons.iter().enumerate() {
-            let season = s as i64;
-            match ranges.iter().position(|r| r.contains(season)) {
-                Some(p) => {
-                    let part = &mut parts[p];
-                    part.x.extend_from_slice(&x[i * nf..(i + 1) * nf]);
-                    part.y.extend_from_slice(&y[i * nt..(i + 1) * nt]);
-                    part.season.push(season);
-                    part.source_rows.push(i);
+        let assignment = split::assign(table, &cfg.split, &cfg.season_column)?;
+        let f_idx: Vec<usize> = cfg
+            .features
+            .iter()
+            .map(|n| table.column_index(n))
+            .collect::<Result<_, _>>()?;
+        let t_idx: Vec<usize> = cfg
+            .targets
+            .iter()
+            .map(|n| table.column_index(n))
+            .collect::<Result<_, _>>()?;
+        let policies: Vec<&MissingPolicy> =
+            cfg.features.iter().map(|f| cfg.missing.policy(f)).collect();
+        for f in &cfg.features {
+            if matches!(
+                cfg.missing.policy(f),
+                MissingPolicy::Impute {
+                    indicator: true,
+                    ..
                 }
-                None => unused += 1,
+            ) {
+                let name = format!("{f}{INDICATOR_SUFFIX}");
+                if cfg.features.contains(&name) || cfg.targets.contains(&name) {
+                    return Err(DataError::Other(format!(
+                        "data.missing: the indicator feature of `{f}` would be called `{name}`, which is already a configured column; rename it"
+                    )));
+                }
             }
         }
-        let names = ["train", "validation", "test"];
+        let (nf, nt) = (cfg.features.len(), cfg.targets.len());
+        let mut dropped: BTreeMap<String, usize> = BTreeMap::new();
+        let outside = assignment.outside();
+        if assignment.missing_key > 0 {
+            dropped.insert(
+                "outside every split: split column missing".into(),
+                assignment.missing_key,
+            );
+        }
+        if outside > assignment.missing_key {
+            dropped.insert(
+                "outside every split".into(),
+                outside - assignment.missing_key,
+            );
+        }
+        // Raw rows per split, NaN marking a cell to impute.
+        let mut parts = [Subset::default(), Subset::default(), Subset::default()];
+        let mut xrow = Vec::with_capacity(nf);
+        let mut yrow = Vec::with_capacity(nt);
+        'rows: for (i, (row, &line)) in table.rows.iter().zip(&table.lines).enumerate() {
+            let Some(p) = assignment.part[i] else {
+                continue;
+            };
+            let p = p as usize;
+            yrow.clear();
+            for (&j, name) in t_idx.iter().zip(&cfg.targets) {
+                let cell = &row[j];
+                if is_missing(cell) {
+                    *dropped
+                        .entry(format!(
+                            "missing target `{name}` ({})",
+                            split::SPLIT_NAMES[p]
+                        ))
+                        .or_default() += 1;
+                    continue 'rows;
+                }
+                yrow.push(table.parse_cell_f32(cell, line, name)?);
+            }
+            xrow.clear();
+            for ((&j, name), policy) in f_idx.iter().zip(&cfg.features).zip(&policies) {
+                let cell = &row[j];
+                if is_missing(cell) {
+                    match policy {
+                        MissingPolicy::Error => {
+                            return Err(DataError::Cell {
+                                path: table.path.clone(),
+                                line,
+                                column: name.clone(),
+                                message: format!(
+                                    "missing value {cell:?} (empty, NaN, NA and null are missing); set data.missing (drop_row or {{impute: mean | median | constant}}) to accept missing values"
+                                ),
+                            });
+                        }
+                        MissingPolicy::DropRow => {
+                            *dropped
+                                .entry(format!("missing feature `{name}` (drop_row)"))
+                                .or_default() += 1;
+                            continue 'rows;
+                        }
+                        MissingPolicy::Impute { .. } => xrow.push(f32::NAN),
+                    }
+                } else {
+                    xrow.push(table.parse_cell_f32(cell, line, name)?);
+                }
+            }
+            let part = &mut parts[p];
+            part.x.extend_from_slice(&xrow);
+            part.y.extend_from_slice(&yrow);
+            part.season.push(assignment.key[i]);
+            part.source_rows.push(i);
+        }
         for (k, part) in parts.iter().enumerate() {
             if part.rows() == 0 {
+                let why = if dropped.keys().any(|r| r.starts_with("missing")) {
+                    format!(
+                        " (after dropping rows with missing values: {})",
+                        describe_counts(&dropped)
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(DataError::EmptySplit {
                     path: cfg.path.clone(),
-                    split: names[k],
-                    range: ranges[k].to_string(),
-                    column: cfg.season_column.clone(),
+                    split: split::SPLIT_NAMES[k],
+                    range: format!("{}{why}", assignment.describe[k]),
+                    column: cfg
+                        .split
+                        .column
+                        .clone()
+                        .unwrap_or_else(|| cfg.season_column.clone()),
                 });
+            }
+        }
+        // Imputation values from the training split only.
+        let mut inputs = Vec::with_capacity(nf);
+        for (j, (name, policy)) in cfg.features.iter().zip(&policies).enumerate() {
+            let mut col = InputColumn {
+                name: name.clone(),
+                impute: None,
+                indicator: false,
+            };
+            if let MissingPolicy::Impute {
+                with,
+                value,
+                indicator,
+            } = policy
+            {
+                let mut seen: Vec<f64> = parts[0]
+                    .x
+                    .chunks_exact(nf)
+                    .map(|r| r[j] as f64)
+                    .filter(|v| !v.is_nan())
+                    .collect();
+                let v = match with {
+                    Imputation::Constant => value.unwrap_or(0.0),
+                    Imputation::Mean if !seen.is_empty() => {
+                        seen.iter().sum::<f64>() / seen.len() as f64
+                    }
+                    Imputation::Median if !seen.is_empty() => median(&mut seen).expect("non-empty"),
+                    _ => {
+                        return Err(DataError::Other(format!(
+                            "{}: column `{name}`: every training row is missing, so there is no {} to impute; use impute: constant or drop the feature",
+                            cfg.path.display(),
+                            if *with == Imputation::Mean {
+                                "mean"
+                            } else {
+                                "median"
+                            }
+                        )));
+                    }
+                };
+                col.impute = Some(v);
+                col.indicator = *indicator;
+            }
+            inputs.push(col);
+        }
+        let mut pre = Preprocessing {
+            inputs,
+            rows_outside: outside,
+            dropped,
+            imputed: BTreeMap::new(),
+        };
+        let n_net = pre.n_features();
+        for part in &mut parts {
+            let raw = std::mem::take(&mut part.x);
+            let mut x = Vec::with_capacity(part.rows() * n_net);
+            for r in raw.chunks_exact(nf) {
+                for (v, c) in r.iter().zip(&pre.inputs) {
+                    if v.is_nan() {
+                        *pre.imputed.entry(c.name.clone()).or_default() += 1;
+                        x.push(c.impute.expect("only imputed columns hold NaN") as f32);
+                    } else {
+                        x.push(*v);
+                    }
+                }
+                for (v, c) in r.iter().zip(&pre.inputs) {
+                    if c.indicator {
+                        x.push(if v.is_nan() { 1.0 } else { 0.0 });
+                    }
+                }
+            }
+            part.x = x;
+        }
+        let mut missing_cells = BTreeMap::new();
+        for (&j, name) in f_idx
+            .iter()
+            .zip(&cfg.features)
+            .chain(t_idx.iter().zip(&cfg.targets))
+        {
+            let n = table.rows.iter().filter(|r| is_missing(&r[j])).count();
+            if n > 0 {
+                missing_cells.insert(name.clone(), n);
             }
         }
         let [train, validation, test] = parts;
         Ok(Self {
             path: cfg.path.clone(),
             sha256,
-            features: cfg.features.clone(),
+            features: pre.network_features(),
             targets: cfg.targets.clone(),
             train,
             validation,
             test,
-            unused_rows: unused,
+            unused_rows: outside,
+            split_describe: assignment.describe,
+            preprocessing: pre,
+            missing_cells,
         })
+    }
+
+    /// What `kiln config check` reports about the data: rows per split, rows left out,
+    /// missing and imputed cells.
+    pub fn check_report(&self) -> String {
+        let mut s = format!(
+            "{}: {} train / {} validation / {} test rows, {} outside every split\n  {}",
+            self.path.display(),
+            self.train.rows(),
+            self.validation.rows(),
+            self.test.rows(),
+            self.unused_rows,
+            self.summary()
+        );
+        s.push_str(&format!(
+            "\n  missing cells: {}",
+            if self.missing_cells.is_empty() {
+                "none".to_string()
+            } else {
+                describe_counts(&self.missing_cells)
+            }
+        ));
+        s.push_str(&format!(
+            "\n  network inputs ({}): {}",
+            self.features.len(),
+            self.features.join(", ")
+        ));
+        s
+    }
+
+    /// One line on what the split and the missing-value handling did (printed by training).
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "split: train {} · validation {} · test {}",
+            self.split_describe[0], self.split_describe[1], self.split_describe[2]
+        );
+        if !self.preprocessing.dropped.is_empty() {
+            s.push_str(&format!(
+                "; rows left out: {}",
+                describe_counts(&self.preprocessing.dropped)
+            ));
+        }
+        if !self.preprocessing.imputed.is_empty() {
+            s.push_str(&format!(
+                "; imputed cells: {}",
+                describe_counts(&self.preprocessing.imputed)
+            ));
+        }
+        s
     }
 
     /// Number of features.

@@ -115,6 +115,26 @@ pub enum DataError {
         /// The season column.
         column: String,
     },
+    /// A cell that is not what its column's role needs.
+    #[error("{path}:{line}: column `{column}`: {message}")]
+    Cell {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: u64,
+        /// The column.
+        column: String,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+    /// The split cannot be resolved on this data.
+    #[error("{path}: {message}")]
+    Split {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
+    },
     /// A generic, already-located problem (dataset derivation).
     #[error("{0}")]
     Other(String),
@@ -143,14 +163,61 @@ impl CsvTable {
         Self::from_bytes(&bytes, path)
     }
 
-    /// Parse CSV bytes; `path` is only used in messages.
+    /// Parse CSV bytes; `path` is only used in messages. The delimiter is sniffed from the
+    /// header (see [`sniff_delimiter`]); gzip-compressed bytes are decompressed first.
     pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self, DataError> {
+        Self::from_bytes_with(bytes, path, None)
+    }
+
+    /// Like [`CsvTable::from_bytes`] with a given delimiter (`None`: sniffed).
+    pub fn from_bytes_with(
+        bytes: &[u8],
+        path: &Path,
+        delimiter: Option<u8>,
+    ) -> Result<Self, DataError> {
+        let inflated;
+        let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+            use std::io::Read;
+            let mut out = Vec::new();
+            flate2::read::MultiGzDecoder::new(bytes)
+                .read_to_end(&mut out)
+                .map_err(|e| DataError::Csv {
+                    path: path.to_path_buf(),
+                    line: 0,
+                    message: format!("not a readable gzip file: {e}"),
+                })?;
+            inflated = out;
+            &inflated[..]
+        } else {
+            bytes
+        };
+        let delimiter = delimiter.unwrap_or_else(|| sniff_delimiter(bytes));
         let mut reader = csv::ReaderBuilder::new()
             .has_headers(true)
+            .delimiter(delimiter)
             .trim(csv::Trim::All)
             .from_reader(bytes);
-        let csv_err = |e: csv::Error| {
-            let line = e.position().map(|p| p.line()).unwrap_or(0);
+        // The line of a byte offset. csv's own line count is one too high after a CRLF
+        // record end (it counts the LF when it starts the next record), so lines are counted
+        // here from the byte offsets, which are exact.
+        let mut lines_seen = (0usize, 1u64);
+        let mut line_at = |offset: u64| -> u64 {
+            let mut at = (offset as usize).min(bytes.len());
+            // A record reported at the LF of a CRLF starts after it.
+            if bytes.get(at) == Some(&b'\n') && at > 0 && bytes[at - 1] == b'\r' {
+                at += 1;
+            }
+            let (from, line) = lines_seen;
+            let line = if at >= from {
+                line + bytes[from..at].iter().filter(|&&b| b == b'\n').count() as u64
+            } else {
+                1 + bytes[..at].iter().filter(|&&b| b == b'\n').count() as u64
+            };
+            lines_seen = (at, line);
+            line
+        };
+        let csv_err = |e: csv::Error, line_at: &mut dyn FnMut(u64) -> u64| {
+            let line = e.position().map(|p| line_at(p.byte())).unwrap_or(0);
             DataError::Csv {
                 path: path.to_path_buf(),
                 line,
@@ -158,28 +225,28 @@ impl CsvTable {
                     csv::ErrorKind::UnequalLengths {
                         expected_len, len, ..
                     } => format!("expected {expected_len} fields, found {len}"),
-                    csv::ErrorKind::Utf8 { .. } => "invalid UTF-8".to_string(),
+                    csv::ErrorKind::Utf8 { .. } => {
+                        "invalid UTF-8 (is this a CSV file? Parquet is not read yet)".to_string()
+                    }
                     _ => e.to_string(),
                 },
             }
         };
-        let header: Vec<String> = reader
-            .headers()
-            .map_err(csv_err)?
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let header: Vec<String> = match reader.headers() {
+            Ok(h) => h.iter().map(|s| s.to_string()).collect(),
+            Err(e) => return Err(csv_err(e, &mut line_at)),
+        };
         let mut rows = Vec::new();
         let mut lines = Vec::new();
         let mut record = csv::StringRecord::new();
         loop {
             match reader.read_record(&mut record) {
                 Ok(true) => {
-                    lines.push(record.position().map(|p| p.line()).unwrap_or(0));
+                    lines.push(record.position().map(|p| line_at(p.byte())).unwrap_or(0));
                     rows.push(record.iter().map(|s| s.to_string()).collect());
                 }
                 Ok(false) => break,
-                Err(e) => return Err(csv_err(e)),
+                Err(e) => return Err(csv_err(e, &mut line_at)),
             }
         }
         Ok(Self {
@@ -280,6 +347,39 @@ impl CsvTable {
     }
 }
 
+/// The delimiter of a CSV text: whichever of comma, tab and semicolon occurs most often
+/// outside quotes in its first line (comma when none does).
+pub fn sniff_delimiter(bytes: &[u8]) -> u8 {
+    let mut counts = [0usize; 3];
+    let mut quoted = false;
+    for &b in bytes.iter().take(1 << 16) {
+        match b {
+            b'"' => quoted = !quoted,
+            b'\n' | b'\r' if !quoted => break,
+            b',' if !quoted => counts[0] += 1,
+            b'\t' if !quoted => counts[1] += 1,
+            b';' if !quoted => counts[2] += 1,
+            _ => {}
+        }
+    }
+    let best = (0..3).max_by_key(|&i| (counts[i], 3 - i)).unwrap_or(0);
+    if counts[best] == 0 {
+        b','
+    } else {
+        [b',', b'\t', b';'][best]
+    }
+}
+
+/// Whether a cell means "no value": empty, `NaN`, `NA` or `null` (any case, surrounding
+/// blanks ignored).
+pub fn is_missing(cell: &str) -> bool {
+    let c = cell.trim();
+    c.is_empty()
+        || c.eq_ignore_ascii_case("nan")
+        || c.eq_ignore_ascii_case("na")
+        || c.eq_ignore_ascii_case("null")
+}
+
 /// Parse a finite number. `Err(true)` = not a number at all, `Err(false)` = NaN or ±∞.
 pub fn parse_finite(cell: &str) -> Result<f64, bool> {
     match cell.trim().parse::<f64>() {
@@ -358,5 +458,62 @@ mod tests {
             e.starts_with("rows.csv:3: malformed CSV: expected 2 fields, found 1"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn crlf_files_have_the_right_line_numbers() {
+        let text = "a,b\r\n1,2\r\n3,4\r\n5,x\r\n";
+        let tab = t(text).unwrap();
+        assert_eq!(tab.lines, vec![2, 3, 4]);
+        let e = tab.numeric_column("b").unwrap_err().to_string();
+        assert_eq!(e, "rows.csv:4: column `b`: expected a number, got \"x\"");
+        let e = t("a,b\r\n1,2\r\n3\r\n").unwrap_err().to_string();
+        assert!(e.starts_with("rows.csv:3: malformed CSV"), "{e}");
+        // A quoted field spanning lines moves the next record's line on.
+        let tab = t("a,b\r\n\"x\r\ny\",2\r\n3,4\r\n").unwrap();
+        assert_eq!(tab.lines, vec![2, 4]);
+        assert_eq!(tab.rows[0][0], "x\r\ny");
+    }
+
+    #[test]
+    fn delimiters_are_sniffed_and_quotes_respected() {
+        for (text, d) in [
+            ("a\tb\n1\t2\n", b'\t'),
+            ("a;b\n1,5;2\n", b';'),
+            ("\"a;x\",b\n1,2\n", b','),
+            ("a\n1\n", b','),
+        ] {
+            assert_eq!(sniff_delimiter(text.as_bytes()), d, "{text:?}");
+        }
+        let tab = t("a;b\n1,5;\"x;y\"\n").unwrap();
+        assert_eq!(tab.header, vec!["a", "b"]);
+        assert_eq!(tab.rows[0], vec!["1,5", "x;y"]);
+        let tab = CsvTable::from_bytes_with(b"a|b\n1|2\n", Path::new("p.csv"), Some(b'|')).unwrap();
+        assert_eq!(tab.numeric_column("b").unwrap(), vec![2.0]);
+    }
+
+    #[test]
+    fn gzip_files_are_read() {
+        use std::io::Write;
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(b"a,b\n1,2\n3,4\n").unwrap();
+        let gz = z.finish().unwrap();
+        let tab = CsvTable::from_bytes(&gz, Path::new("rows.csv.gz")).unwrap();
+        assert_eq!(tab.numeric_column("b").unwrap(), vec![2.0, 4.0]);
+        assert_eq!(tab.lines, vec![2, 3]);
+        let e = CsvTable::from_bytes(&gz[..gz.len() / 2], Path::new("rows.csv.gz"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a readable gzip file"), "{e}");
+    }
+
+    #[test]
+    fn missing_tokens() {
+        for c in ["", "  ", "NaN", "nan", "NA", "na", "null", "NULL"] {
+            assert!(is_missing(c), "{c:?}");
+        }
+        for c in ["0", "inf", "N/A?", "none"] {
+            assert!(!is_missing(c), "{c:?}");
+        }
     }
 }

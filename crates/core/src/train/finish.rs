@@ -117,14 +117,13 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
         };
         let teacher_info = teacher.map(|t| t.describe());
 
-        let mut split = std::collections::BTreeMap::new();
-        split.insert("train".to_string(), cfg.data.split.train.to_string());
-        split.insert(
-            "validation".to_string(),
-            cfg.data.split.validation.to_string(),
-        );
-        split.insert("test".to_string(), cfg.data.split.test.to_string());
-        let manifest = Manifest::new(artifact::ManifestParts {
+        // The split as resolved on this data (relative windows name the values they took).
+        let split: std::collections::BTreeMap<String, String> = crate::data::split::SPLIT_NAMES
+            .iter()
+            .zip(&data.split_describe)
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let mut manifest = Manifest::new(artifact::ManifestParts {
             run_id: run.id.clone(),
             architecture: arch.clone(),
             features: prep.x_stats.clone(),
@@ -171,8 +170,8 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             config_sha256: self.config_sha.clone(),
             teacher: teacher_info,
         });
-        let mut manifest = manifest;
         manifest.calibration = calibration;
+        manifest.preprocessing = Some(data.preprocessing.clone());
         let export_dir = run.export_dir();
         if export_dir.exists() {
             // A previous process finished training and exported, then died before marking the

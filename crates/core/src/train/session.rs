@@ -98,6 +98,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             data.validation.rows(),
             data.test.rows()
         ));
+        reporter.line(&data.summary());
         let config_sha = sha256_hex(job.config.text.as_bytes());
         let workers = cfg.loader.num_workers.resolve();
         let spec = LoaderSpec {

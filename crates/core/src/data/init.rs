@@ -1,0 +1,264 @@
+//! `kiln init --data FILE --target COL…`: a commented starter config for a table. Numeric
+//! columns become features, a date column (if there is one) carries relative windows, else
+//! the split is random; missing cells get median imputation with an indicator.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::split::parse_datetime;
+use super::table::{CsvTable, DataError, is_missing, parse_finite};
+
+/// What a column holds, as far as a starter config cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Numeric,
+    Date,
+    Text,
+    Empty,
+}
+
+/// A starter config and the choices it made, one line each.
+#[derive(Debug, Clone)]
+pub struct Starter {
+    /// The YAML text.
+    pub yaml: String,
+    /// What was chosen and why.
+    pub notes: Vec<String>,
+}
+
+fn kind(table: &CsvTable, j: usize) -> Kind {
+    let mut k = Kind::Empty;
+    for r in &table.rows {
+        let c = r[j].trim();
+        if is_missing(c) {
+            continue;
+        }
+        let this = if parse_finite(c).is_ok() {
+            Kind::Numeric
+        } else if parse_datetime(c).is_some() {
+            Kind::Date
+        } else {
+            return Kind::Text;
+        };
+        if k == Kind::Empty {
+            k = this;
+        } else if k != this {
+            return Kind::Text;
+        }
+    }
+    k
+}
+
+/// Build a starter config for the table at `data` predicting `targets`; `data` is written
+/// into the config as given.
+pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataError> {
+    let table = CsvTable::read(data)?;
+    if table.rows.is_empty() {
+        return Err(DataError::Empty {
+            path: data.to_path_buf(),
+        });
+    }
+    let mut notes = Vec::new();
+    for t in targets {
+        let j = table.column_index(t)?;
+        if kind(&table, j) != Kind::Numeric {
+            return Err(DataError::Other(format!(
+                "{}: target column `{t}` is not numeric (kiln predicts numbers)",
+                data.display()
+            )));
+        }
+    }
+    let mut features = Vec::new();
+    let mut date: Option<String> = None;
+    let mut missing = 0usize;
+    for (j, name) in table.header.iter().enumerate() {
+        if targets.contains(name) {
+            continue;
+        }
+        match kind(&table, j) {
+            Kind::Numeric => {
+                missing += table.rows.iter().filter(|r| is_missing(&r[j])).count();
+                features.push(name.clone());
+            }
+            Kind::Date if date.is_none() => date = Some(name.clone()),
+            Kind::Date => notes.push(format!("`{name}`: a second date column, not used")),
+            Kind::Text => notes.push(format!(
+                "`{name}`: text, not used (categorical features are not supported yet)"
+            )),
+            Kind::Empty => notes.push(format!("`{name}`: every cell is missing, not used")),
+        }
+    }
+    if features.is_empty() {
+        return Err(DataError::Other(format!(
+            "{}: no numeric column besides the targets to use as a feature",
+            data.display()
+        )));
+    }
+    notes.insert(
+        0,
+        format!(
+            "{} numeric features: {}",
+            features.len(),
+            features.join(", ")
+        ),
+    );
+    let name: String = data
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("table")
+        .split('.')
+        .next()
+        .unwrap_or("table")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let list = |v: &[String]| v.join(", ");
+    let mut y = String::new();
+    writeln!(
+        y,
+        "# Starter config written by `kiln init` for {}.",
+        data.display()
+    )
+    .unwrap();
+    writeln!(
+        y,
+        "# Check it against the data with `kiln config check`, then `kiln train` it."
+    )
+    .unwrap();
+    writeln!(y, "name: {}", if name.is_empty() { "table" } else { &name }).unwrap();
+    writeln!(y, "seed: 42").unwrap();
+    writeln!(y, "data:").unwrap();
+    writeln!(y, "  path: {}", data.display()).unwrap();
+    writeln!(
+        y,
+        "  # Numeric columns, in the order the network sees them."
+    )
+    .unwrap();
+    writeln!(y, "  features: [{}]", list(&features)).unwrap();
+    writeln!(y, "  targets: [{}]", list(targets)).unwrap();
+    if missing > 0 {
+        writeln!(
+            y,
+            "  # {missing} feature cells are missing (empty, NaN, NA, null): fill them with the"
+        )
+        .unwrap();
+        writeln!(
+            y,
+            "  # training median and tell the network where they were. Or: error, drop_row."
+        )
+        .unwrap();
+        writeln!(
+            y,
+            "  missing:\n    default: {{impute: median, indicator: true}}"
+        )
+        .unwrap();
+        notes.push(format!(
+            "{missing} missing feature cells: median imputation with indicators"
+        ));
+    }
+    writeln!(y, "  split:").unwrap();
+    match &date {
+        Some(d) => {
+            let j = table.column_index(d)?;
+            let distinct: std::collections::BTreeSet<&str> = table
+                .rows
+                .iter()
+                .map(|r| r[j].trim())
+                .filter(|c| !is_missing(c))
+                .collect();
+            let k = (distinct.len() / 10).max(1);
+            writeln!(
+                y,
+                "    # Relative windows on `{d}`: test = the newest {k} distinct values, validation"
+            )
+            .unwrap();
+            writeln!(
+                y,
+                "    # the {k} before, train everything older; they move as the table grows."
+            )
+            .unwrap();
+            writeln!(y, "    # A duration also works: {{last: 30d}}.").unwrap();
+            writeln!(
+                y,
+                "    column: {d}\n    validation: {{last: {k}}}\n    test: {{last: {k}}}"
+            )
+            .unwrap();
+            notes.push(format!(
+                "split by date column `{d}`: validation and test the last {k} of {} distinct dates each",
+                distinct.len()
+            ));
+        }
+        None => {
+            writeln!(y, "    # No date column: 70/15/15 at random (by: group keeps a column's values together).").unwrap();
+            writeln!(
+                y,
+                "    by: random\n    seed: 0\n    validation: 0.15\n    test: 0.15"
+            )
+            .unwrap();
+            notes.push("no date column: random split 70/15/15 (seed 0)".into());
+        }
+    }
+    y.push_str(
+        "model:\n  hidden: [32, 32]\nloader:\n  batch_size: 64\n  num_workers: 0\nstages:\n  # The mean head first, then the variance head on the frozen mean.\n  - name: mean\n    trainable: [backbone, mean_head]\n    loss: mse\n    epochs: 30\n    optimizer: {lr: 3.0e-3}\n  - name: variance\n    trainable: [logvar_head]\n    loss: gaussian_nll\n    epochs: 10\n    optimizer: {lr: 3.0e-3, weight_decay: 0.0}\nexport:\n  dir: checkpoints\n",
+    );
+    Ok(Starter { yaml: y, notes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_starter_config_parses_and_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("shop sales.csv");
+        let mut text = String::from("id,day,store,price,promo,units\n");
+        for i in 0..60 {
+            let promo = if i % 9 == 0 {
+                String::new()
+            } else {
+                (i % 2).to_string()
+            };
+            text.push_str(&format!(
+                "r{i},2021-03-{:02},s{},{}.5,{promo},{}\n",
+                i % 28 + 1,
+                i % 3,
+                i % 7,
+                i * 2
+            ));
+        }
+        std::fs::write(&p, text).unwrap();
+        let s = starter_config(&p, &["units".into()]).unwrap();
+        assert!(s.yaml.contains("features: [price, promo]"), "{}", s.yaml);
+        assert!(s.yaml.contains("column: day"), "{}", s.yaml);
+        assert!(
+            s.notes.iter().any(|n| n.contains("`store`: text")),
+            "{:?}",
+            s.notes
+        );
+        let cfg = crate::config::parse(&s.yaml, Path::new("init.yaml")).unwrap();
+        assert_eq!(cfg.name, "shop_sales");
+        let d = crate::data::Dataset::load(&cfg.data).unwrap();
+        assert_eq!(d.features, vec!["price", "promo", "promo_missing"]);
+        assert!(d.test.rows() > 0 && d.validation.rows() > 0);
+        // Without a date column the split is random.
+        std::fs::write(
+            &p,
+            "a,b,y\n1,2,3\n4,5,6\n7,8,9\n1,1,1\n2,2,2\n3,3,3\n4,4,4\n",
+        )
+        .unwrap();
+        let s = starter_config(&p, &["y".into()]).unwrap();
+        assert!(s.yaml.contains("by: random"), "{}", s.yaml);
+        crate::config::parse(&s.yaml, Path::new("init.yaml")).unwrap();
+        let e = starter_config(&p, &["nope".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing column `nope`"), "{e}");
+    }
+}

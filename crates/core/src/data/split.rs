@@ -1,0 +1,556 @@
+//! Assigning rows to the train / validation / test splits: by a column's value (integer or
+//! ISO 8601 date ranges, or relative windows counted back from the newest value present), at
+//! random, or at random by group.
+//!
+//! Relative windows stack from the newest value: `test: {last: n}` takes the newest `n`
+//! distinct values (or, on a date column, `{last: "30d"}` the values within 30 days of the
+//! newest), `validation` the window just before it, and `train` everything older. The same
+//! config therefore keeps working as new seasons or days are appended: the windows move.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::table::{CsvTable, DataError, is_missing};
+use crate::config::{Bound, SeasonRange, SplitBy, SplitConfig, SplitPart, WindowLength};
+use crate::rng::SplitMix64;
+
+/// Stream label of random and grouped splits (see [`SplitMix64::derive`]).
+const SPLIT_STREAM: u64 = 0x5350_4c54;
+
+/// Seconds per day.
+const DAY: i64 = 86_400;
+
+/// The split names, in order.
+pub const SPLIT_NAMES: [&str; 3] = ["train", "validation", "test"];
+
+/// Days since 1970-01-01 of a proleptic Gregorian date.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = m as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date of a day count since 1970-01-01.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn leap(y: i64) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+/// A parsed ISO 8601 date or datetime: seconds since 1970-01-01T00:00:00Z, and whether a
+/// time of day was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DateTime {
+    /// Seconds since the Unix epoch (UTC).
+    pub seconds: i64,
+    /// Whether the text had a time of day.
+    pub has_time: bool,
+}
+
+/// Parse `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM:SS` or `YYYY-MM-DDTHH:MM:SSZ` (a space may stand
+/// for the `T`). Times without `Z` are read as UTC.
+pub fn parse_datetime(s: &str) -> Option<DateTime> {
+    let s = s.trim();
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let t = s.get(r)?;
+        if !t.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        t.parse().ok()
+    };
+    if b.len() < 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let (y, m, d) = (num(0..4)?, num(5..7)? as u32, num(8..10)? as u32);
+    let days_in = [
+        31,
+        if leap(y) { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&m) || d == 0 || d > days_in[m as usize - 1] {
+        return None;
+    }
+    let day = days_from_civil(y, m, d) * DAY;
+    if b.len() == 10 {
+        return Some(DateTime {
+            seconds: day,
+            has_time: false,
+        });
+    }
+    let rest = s.get(10..)?;
+    let rest = rest.strip_suffix('Z').unwrap_or(rest);
+    let rb = rest.as_bytes();
+    if rb.len() != 9 || !(rb[0] == b'T' || rb[0] == b' ') || rb[3] != b':' || rb[6] != b':' {
+        return None;
+    }
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if hh > 23 || mm > 59 || ss > 59 {
+        return None;
+    }
+    Some(DateTime {
+        seconds: day + hh * 3600 + mm * 60 + ss,
+        has_time: true,
+    })
+}
+
+/// Format seconds since the epoch as `YYYY-MM-DD` (or with the time, when `with_time`).
+pub fn format_datetime(seconds: i64, with_time: bool) -> String {
+    let (y, m, d) = civil_from_days(seconds.div_euclid(DAY));
+    if !with_time {
+        return format!("{y:04}-{m:02}-{d:02}");
+    }
+    let t = seconds.rem_euclid(DAY);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        t / 3600,
+        t / 60 % 60,
+        t % 60
+    )
+}
+
+/// The comparable value of a range end: the integer, or the date's seconds; a date-only
+/// upper end means the end of that day.
+pub fn bound_value(b: &Bound, upper: bool) -> i64 {
+    match b {
+        Bound::Int(v) => *v,
+        Bound::Date(s) => match parse_datetime(s) {
+            Some(dt) if upper && !dt.has_time => dt.seconds + DAY - 1,
+            Some(dt) => dt.seconds,
+            None => 0, // rejected when the config is parsed
+        },
+    }
+}
+
+fn range_ends(r: &SeasonRange) -> (i64, i64) {
+    (
+        r.from.as_ref().map_or(i64::MIN, |b| bound_value(b, false)),
+        r.to.as_ref().map_or(i64::MAX, |b| bound_value(b, true)),
+    )
+}
+
+/// Whether two ranges share a value.
+pub fn ranges_overlap(a: &SeasonRange, b: &SeasonRange) -> bool {
+    let (a0, a1) = range_ends(a);
+    let (b0, b1) = range_ends(b);
+    a0.max(b0) <= a1.min(b1)
+}
+
+/// What a split column holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// Integers (seasons, folds).
+    Int,
+    /// ISO 8601 dates; `with_time` when any value has a time of day.
+    Date {
+        /// Whether any value has a time of day.
+        with_time: bool,
+    },
+}
+
+impl KeyKind {
+    /// A value of this kind as text.
+    pub fn format(self, v: i64) -> String {
+        match self {
+            KeyKind::Int => v.to_string(),
+            KeyKind::Date { with_time } => format_datetime(v, with_time),
+        }
+    }
+}
+
+/// Read a split column: integers (a fractional value is an error, never truncated) or ISO
+/// 8601 dates, decided by its first non-missing cell. Missing cells are `None`.
+pub fn read_key(table: &CsvTable, column: &str) -> Result<(KeyKind, Vec<Option<i64>>), DataError> {
+    let idx = table.column_index(column)?;
+    let first = table
+        .rows
+        .iter()
+        .map(|r| r[idx].as_str())
+        .find(|c| !is_missing(c));
+    let numeric = first.is_some_and(|c| c.trim().parse::<f64>().is_ok());
+    let mut with_time = false;
+    let mut out = Vec::with_capacity(table.rows.len());
+    for (row, &line) in table.rows.iter().zip(&table.lines) {
+        let cell = row[idx].trim();
+        if is_missing(cell) {
+            out.push(None);
+            continue;
+        }
+        let bad = |expected: &str| DataError::Cell {
+            path: table.path.clone(),
+            line,
+            column: column.to_string(),
+            message: format!("expected {expected}, got {cell:?}"),
+        };
+        if numeric {
+            let v: f64 = cell
+                .parse()
+                .map_err(|_| bad("an integer (the split column's first value is a number)"))?;
+            if !v.is_finite() || v.fract() != 0.0 || v.abs() > 9.0e15 {
+                return Err(bad(
+                    "an integer (split values are compared exactly, never truncated)",
+                ));
+            }
+            out.push(Some(v as i64));
+        } else {
+            let dt = parse_datetime(cell).ok_or_else(|| {
+                bad("an ISO 8601 date YYYY-MM-DD or datetime YYYY-MM-DDTHH:MM:SS[Z] (the split column's first value is not a number)")
+            })?;
+            with_time |= dt.has_time;
+            out.push(Some(dt.seconds));
+        }
+    }
+    let kind = if numeric {
+        KeyKind::Int
+    } else {
+        KeyKind::Date { with_time }
+    };
+    Ok((kind, out))
+}
+
+/// Which split each row went to, and how the splits resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assignment {
+    /// Per row: `Some(0 | 1 | 2)` (train, validation, test) or `None` (outside every split).
+    pub part: Vec<Option<u8>>,
+    /// Per row: the split column's value (0 for a random split or a missing value).
+    pub key: Vec<i64>,
+    /// Each split as resolved, e.g. `last 2 (2017–2018)`.
+    pub describe: [String; 3],
+    /// Rows outside every split whose split column (or group column) is missing.
+    pub missing_key: usize,
+}
+
+impl Assignment {
+    /// Rows outside every split.
+    pub fn outside(&self) -> usize {
+        self.part.iter().filter(|p| p.is_none()).count()
+    }
+}
+
+fn split_err(path: &Path, message: String) -> DataError {
+    DataError::Split {
+        path: path.to_path_buf(),
+        message,
+    }
+}
+
+/// Assign every row of `table` to a split. `season_column` is the default split column.
+pub fn assign(
+    table: &CsvTable,
+    cfg: &SplitConfig,
+    season_column: &str,
+) -> Result<Assignment, DataError> {
+    match cfg.by {
+        SplitBy::Column => by_column(table, cfg, cfg.column.as_deref().unwrap_or(season_column)),
+        SplitBy::Random => {
+            let n = table.rows.len();
+            let order: Vec<usize> = (0..n).collect();
+            let slots = draw(order, cfg, n);
+            let desc = |p: &SplitPart| match p {
+                SplitPart::Fraction(f) => format!("{f} of rows (seed {})", cfg.seed.unwrap_or(0)),
+                _ => "the remaining rows".to_string(),
+            };
+            Ok(Assignment {
+                part: slots,
+                key: vec![0; n],
+                describe: [desc(&cfg.train), desc(&cfg.validation), desc(&cfg.test)],
+                missing_key: 0,
+            })
+        }
+        SplitBy::Group => {
+            let column = cfg.column.as_deref().unwrap_or(season_column);
+            let idx = table.column_index(column)?;
+            let groups: BTreeSet<&str> = table
+                .rows
+                .iter()
+                .map(|r| r[idx].trim())
+                .filter(|c| !is_missing(c))
+                .collect();
+            let groups: Vec<&str> = groups.into_iter().collect();
+            let slots = draw((0..groups.len()).collect(), cfg, groups.len());
+            let mut part = Vec::with_capacity(table.rows.len());
+            let mut missing_key = 0;
+            for r in &table.rows {
+                let c = r[idx].trim();
+                if is_missing(c) {
+                    missing_key += 1;
+                    part.push(None);
+                } else {
+                    let g = groups.binary_search(&c).expect("every group was collected");
+                    part.push(slots[g]);
+                }
+            }
+            let desc = |p: &SplitPart| match p {
+                SplitPart::Fraction(f) => format!(
+                    "{f} of the {} groups of `{column}` (seed {})",
+                    groups.len(),
+                    cfg.seed.unwrap_or(0)
+                ),
+                _ => format!("the remaining groups of `{column}`"),
+            };
+            Ok(Assignment {
+                part,
+                key: vec![0; table.rows.len()],
+                describe: [desc(&cfg.train), desc(&cfg.validation), desc(&cfg.test)],
+                missing_key,
+            })
+        }
+    }
+}
+
+/// Shuffle `items` (seeded) and hand out test, then validation, then train by fraction; the
+/// slot of item `i` is `slots[i]`.
+fn draw(mut items: Vec<usize>, cfg: &SplitConfig, n: usize) -> Vec<Option<u8>> {
+    SplitMix64::derive(cfg.seed.unwrap_or(0), &[SPLIT_STREAM]).shuffle(&mut items);
+    let count = |p: &SplitPart| match p {
+        SplitPart::Fraction(f) => ((n as f64) * f).round() as usize,
+        _ => usize::MAX,
+    };
+    let n_test = count(&cfg.test).min(n);
+    let n_val = count(&cfg.validation).min(n - n_test);
+    let n_train = count(&cfg.train).min(n - n_test - n_val);
+    let mut slots = vec![None; n];
+    for (k, &i) in items.iter().enumerate() {
+        slots[i] = if k < n_test {
+            Some(2)
+        } else if k < n_test + n_val {
+            Some(1)
+        } else if k < n_test + n_val + n_train {
+            Some(0)
+        } else {
+            None
+        };
+    }
+    slots
+}
+
+/// A relative window `(lo, hi]` below `hi` (inclusive).
+fn window(
+    table: &CsvTable,
+    column: &str,
+    kind: KeyKind,
+    values: &[i64],
+    hi: i64,
+    len: &WindowLength,
+    name: &str,
+) -> Result<i64, DataError> {
+    match len {
+        WindowLength::Count(n) => {
+            // Distinct values ≤ hi, newest first.
+            let below: Vec<i64> = values.iter().rev().copied().filter(|&v| v <= hi).collect();
+            let n = *n as usize;
+            if below.len() <= n {
+                return Err(split_err(
+                    &table.path,
+                    format!(
+                        "the {name} window {{last: {n}}} needs more than {n} distinct values of `{column}` at or before {} (the older ones train), found {}",
+                        kind.format(hi),
+                        below.len()
+                    ),
+                ));
+            }
+            Ok(below[n])
+        }
+        WindowLength::Duration(text) => {
+            if kind == KeyKind::Int {
+                return Err(split_err(
+                    &table.path,
+                    format!(
+                        "data.split.{name}: a duration ({text:?}) needs a date column, but `{column}` holds integers; give {{last: N}} distinct values"
+                    ),
+                ));
+            }
+            let secs = len.seconds().unwrap_or(0);
+            Ok(hi.saturating_sub(secs))
+        }
+    }
+}
+
+fn by_column(table: &CsvTable, cfg: &SplitConfig, column: &str) -> Result<Assignment, DataError> {
+    let (kind, keys) = read_key(table, column)?;
+    // A range's ends must be of the column's kind.
+    for (p, name) in [&cfg.train, &cfg.validation, &cfg.test]
+        .iter()
+        .zip(SPLIT_NAMES)
+    {
+        if let SplitPart::Range(r) = p {
+            for b in [&r.from, &r.to].into_iter().flatten() {
+                let int = matches!(b, Bound::Int(_));
+                if int != (kind == KeyKind::Int) {
+                    return Err(split_err(
+                        &table.path,
+                        format!(
+                            "data.split.{name}: the bound {b} is {} but column `{column}` holds {}",
+                            if int { "an integer" } else { "a date" },
+                            if kind == KeyKind::Int {
+                                "integers"
+                            } else {
+                                "dates"
+                            }
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    let distinct: Vec<i64> = keys
+        .iter()
+        .flatten()
+        .copied()
+        .collect::<BTreeSet<i64>>()
+        .into_iter()
+        .collect();
+    // Each split as a predicate on the key.
+    type Pred = Box<dyn Fn(i64) -> bool>;
+    let range_pred = |r: &SeasonRange| -> Pred {
+        let (a, b) = range_ends(r);
+        Box::new(move |v| a <= v && v <= b)
+    };
+    let mut labels: [String; 3] = Default::default();
+    // Ranges are described as configured; relative windows add the values they resolved to.
+    let mut resolved = [true; 3];
+    let preds: [Pred; 3] = match (&cfg.validation, &cfg.test) {
+        (SplitPart::Last(lv), SplitPart::Last(lt)) => {
+            let newest = *distinct.last().ok_or_else(|| {
+                split_err(
+                    &table.path,
+                    format!("column `{column}` has no values to count relative windows from"),
+                )
+            })?;
+            let t_lo = window(table, column, kind, &distinct, newest, lt, "test")?;
+            let v_lo = window(table, column, kind, &distinct, t_lo, lv, "validation")?;
+            labels[1] = lv.to_string();
+            labels[2] = lt.to_string();
+            let train: Pred = match &cfg.train {
+                SplitPart::Range(r) => {
+                    labels[0] = format!("{r}, older than validation");
+                    let inner = range_pred(r);
+                    Box::new(move |v| v <= v_lo && inner(v))
+                }
+                _ => {
+                    labels[0] = "older than validation".into();
+                    Box::new(move |v| v <= v_lo)
+                }
+            };
+            [
+                train,
+                Box::new(move |v| v_lo < v && v <= t_lo),
+                Box::new(move |v| t_lo < v && v <= newest),
+            ]
+        }
+        (SplitPart::Range(rv), SplitPart::Range(rt)) => {
+            resolved = [cfg.train.is_rest(), false, false];
+            labels[1] = rv.to_string();
+            labels[2] = rt.to_string();
+            let (pv, pt) = (range_pred(rv), range_pred(rt));
+            let train: Pred = match &cfg.train {
+                SplitPart::Range(r) => {
+                    labels[0] = r.to_string();
+                    range_pred(r)
+                }
+                _ => {
+                    labels[0] = "the rest".into();
+                    let (pv, pt) = (range_pred(rv), range_pred(rt));
+                    Box::new(move |v| !pv(v) && !pt(v))
+                }
+            };
+            [train, pv, pt]
+        }
+        _ => {
+            return Err(split_err(
+                &table.path,
+                "data.split: give validation and test both as ranges or both as {last: …}".into(),
+            ));
+        }
+    };
+    let mut part = Vec::with_capacity(keys.len());
+    let mut key = Vec::with_capacity(keys.len());
+    let mut missing_key = 0;
+    let mut seen: [Option<(i64, i64)>; 3] = [None; 3];
+    for k in &keys {
+        match k {
+            None => {
+                missing_key += 1;
+                part.push(None);
+                key.push(0);
+            }
+            Some(v) => {
+                let p = preds.iter().position(|f| f(*v));
+                if let Some(p) = p {
+                    let s = seen[p].get_or_insert((*v, *v));
+                    s.0 = s.0.min(*v);
+                    s.1 = s.1.max(*v);
+                }
+                part.push(p.map(|p| p as u8));
+                key.push(*v);
+            }
+        }
+    }
+    let describe = std::array::from_fn(|i| match seen[i] {
+        _ if !resolved[i] => labels[i].clone(),
+        Some((a, b)) if a == b => format!("{} ({})", labels[i], kind.format(a)),
+        Some((a, b)) => format!("{} ({}–{})", labels[i], kind.format(a), kind.format(b)),
+        None => labels[i].clone(),
+    });
+    Ok(Assignment {
+        part,
+        key,
+        describe,
+        missing_key,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_round_trip_and_reject_nonsense() {
+        for s in ["1970-01-01", "2000-02-29", "2024-12-31", "1899-07-04"] {
+            let dt = parse_datetime(s).unwrap();
+            assert!(!dt.has_time);
+            assert_eq!(format_datetime(dt.seconds, false), s);
+        }
+        assert_eq!(parse_datetime("1970-01-02").unwrap().seconds, DAY);
+        let dt = parse_datetime("2021-03-04T05:06:07Z").unwrap();
+        assert!(dt.has_time);
+        assert_eq!(format_datetime(dt.seconds, true), "2021-03-04T05:06:07Z");
+        assert_eq!(parse_datetime("2021-03-04 05:06:07"), Some(dt));
+        for bad in [
+            "2021-02-29",
+            "2021-13-01",
+            "2021-1-01",
+            "20210101",
+            "2021-01-01T25:00:00",
+            "2021-01-01T10:00",
+            "x",
+            "",
+        ] {
+            assert_eq!(parse_datetime(bad), None, "{bad}");
+        }
+    }
+}
