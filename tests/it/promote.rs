@@ -181,7 +181,7 @@ fn the_uncertainty_gate_refuses_worse_crps_or_calibration_only_when_asked() {
     assert!(!d.promoted);
     assert_eq!(
         failed(&d),
-        ["uncertainty crps t1", "uncertainty calibration t0"]
+        ["uncertainty calibration t0", "uncertainty crps t1"]
     );
     // Within the tolerances: promoted.
     cand.quality.targets[1].crps = 0.104;
