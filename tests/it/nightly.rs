@@ -343,3 +343,237 @@ fn refit_retrains_on_train_and_validation_with_the_chosen_epochs() {
     let again = Checkpoint::load(&run2.join("export")).unwrap();
     assert_eq!(again.manifest.weights.sha256, refit.manifest.weights.sha256);
 }
+
+/// The shipped CronJob's script (`deploy/kubernetes/retrain-cronjob.yaml`), with the pod's
+/// paths mapped into `image` (its working directory, holding `configs/` and `datasets/` as the
+/// image does), `work` (the emptyDir) and `models` (the shared repository).
+fn cronjob_script(work: &Path, models: &Path) -> String {
+    let text =
+        std::fs::read_to_string(root().join("deploy/kubernetes/retrain-cronjob.yaml")).unwrap();
+    let v: Value = serde_saphyr::from_str(&text).unwrap();
+    let c = &v["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["command"], serde_json::json!(["/bin/sh", "-c"]));
+    let script = c["args"][0].as_str().unwrap().to_string();
+    assert!(script.contains("/work/checkpoints") && script.contains("/models "));
+    script
+        .replace("/work/checkpoints", &work.display().to_string())
+        .replace("/models ", &format!("{} ", models.display()))
+}
+
+/// A night: write the night's table into the image's `datasets/baseball.csv`, run the
+/// CronJob's script; returns its exit code.
+fn night(image: &Path, script: &str, registry: &Path) -> i32 {
+    let bin = Path::new(env!("CARGO_BIN_EXE_kiln")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let o = Command::new("/bin/sh")
+        .args(["-c", script])
+        .current_dir(image)
+        .env("PATH", path)
+        .env("KILN_REGISTRY", registry)
+        .env_remove("MLFLOW_TRACKING_URI")
+        .env_remove("KILN_LOG")
+        .output()
+        .unwrap();
+    eprintln!("night: exit {:?}\n{}", o.status.code(), text(&o));
+    o.status.code().unwrap_or(-1)
+}
+
+/// The baseball table cut at `last`, its targets shuffled among the rows before `clean_from`
+/// (a broken upstream job: the training rows' labels no longer belong to their features).
+fn corrupted(last: i64, clean_from: i64, path: &Path) {
+    seasons_through(last, path);
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines: Vec<Vec<String>> = text
+        .lines()
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    let header = lines[0].clone();
+    let cols: Vec<usize> = ["hr_rate", "bb_rate", "so_rate"]
+        .iter()
+        .map(|t| header.iter().position(|h| h == t).unwrap())
+        .collect();
+    let old: Vec<usize> = (1..lines.len())
+        .filter(|&i| lines[i][1].parse::<i64>().unwrap() < clean_from)
+        .collect();
+    // A fixed rotation by a third of the rows: deterministic, and every label moves.
+    let vals: Vec<Vec<String>> = old
+        .iter()
+        .map(|&i| cols.iter().map(|&c| lines[i][c].clone()).collect())
+        .collect();
+    let shift = old.len() / 3;
+    for (k, &i) in old.iter().enumerate() {
+        let from = &vals[(k + shift) % vals.len()];
+        for (j, &c) in cols.iter().enumerate() {
+            lines[i][c] = from[j].clone();
+        }
+    }
+    let out: String = lines.iter().map(|l| l.join(",") + "\n").collect();
+    std::fs::write(path, out).unwrap();
+}
+
+/// The drill: five nights of the shipped CronJob's exact script, one unchanged config
+/// (`configs/nightly.yaml`), a `kiln serve` polling the repository. Growing data is promoted;
+/// a night without new data is nothing to do (exit 0); a night whose training labels were
+/// corrupted is refused (exit 3) and the server stays on the last good version; the next good
+/// night is promoted and served. Each decision is read back from the registry.
+#[test]
+fn the_nightly_drill_promotes_growing_data_and_refuses_a_corrupted_night() {
+    use kiln::loadgen::client::BlockingClient;
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("image");
+    std::fs::create_dir_all(image.join("configs")).unwrap();
+    std::fs::create_dir_all(image.join("datasets")).unwrap();
+    std::fs::copy(
+        root().join("configs/nightly.yaml"),
+        image.join("configs/nightly.yaml"),
+    )
+    .unwrap();
+    let (work, models) = (tmp.path().join("work"), tmp.path().join("models"));
+    let registry = tmp.path().join("registry.db");
+    let script = cronjob_script(&work, &models);
+    let data = image.join("datasets/baseball.csv");
+    let decisions = || -> Vec<(String, Option<i64>)> {
+        kiln::track::registry::Registry::open(&registry)
+            .unwrap()
+            .promotions(Some("baseball"))
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.decision, r.version))
+            .collect()
+    };
+
+    // Night 1: seasons ≤ 2014 — the first version.
+    seasons_through(2014, &data);
+    assert_eq!(night(&image, &script, &registry), 0);
+    assert_eq!(
+        decisions().last().unwrap(),
+        &("promoted".to_string(), Some(1))
+    );
+
+    // The serving tier polls the repository from now on.
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--instances",
+            "1",
+        ])
+        .arg("--repository")
+        .arg(&models)
+        .args(["--poll-interval-ms", "100"])
+        .env_remove("KILN_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = server.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log: Vec<String> = Vec::new();
+    let mut addr = None;
+    let t0 = Instant::now();
+    while addr.is_none() {
+        let line = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("kiln serve prints its address");
+        if let Some(i) = line.find("http://") {
+            let rest = &line[i + 7..];
+            let end = rest.find([' ', '/']).unwrap_or(rest.len());
+            addr = rest[..end].parse::<std::net::SocketAddr>().ok();
+        }
+        log.push(line);
+        assert!(t0.elapsed() < Duration::from_secs(120));
+    }
+    let mut client = BlockingClient::new(addr.unwrap())
+        .unwrap()
+        .with_timeout(Duration::from_secs(5));
+    // Wait (bounded generously: an ordering, not a latency check) until the server answers
+    // with `version`, and its default-level log says that version went live.
+    let mut served = |version: u64, log: &mut Vec<String>| {
+        let t0 = Instant::now();
+        loop {
+            while let Ok(l) = rx.try_recv() {
+                log.push(l);
+            }
+            let meta = client
+                .get("/v2/models/baseball")
+                .ok()
+                .filter(|r| r.status == 200)
+                .and_then(|r| serde_json::from_slice::<Value>(&r.body).ok());
+            let live = log
+                .iter()
+                .any(|l| l.contains("version live") && l.contains(&format!("version={version}")));
+            if meta.is_some_and(|m| m["versions"] == serde_json::json!([version.to_string()]))
+                && live
+            {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "version {version} never went live: {log:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    served(1, &mut log);
+
+    // Night 2: a new season — promoted (not worse beyond noise) and served.
+    seasons_through(2015, &data);
+    assert_eq!(night(&image, &script, &registry), 0);
+    assert_eq!(
+        decisions().last().unwrap(),
+        &("promoted".to_string(), Some(2))
+    );
+    served(2, &mut log);
+
+    // Night 3: no new data — the run reproduces version 2's weights: nothing to do, and the
+    // Job succeeds.
+    assert_eq!(night(&image, &script, &registry), 0);
+    assert_eq!(decisions().last().unwrap().0, "nothing_to_do");
+
+    // Night 4: a new season, but the older rows' labels were scrambled upstream: refused.
+    corrupted(2016, 2016, &data);
+    assert_eq!(night(&image, &script, &registry), 3);
+    assert_eq!(decisions().last().unwrap(), &("refused".to_string(), None));
+
+    // Night 5: the same season, clean: promoted as version 3 and served.
+    seasons_through(2016, &data);
+    assert_eq!(night(&image, &script, &registry), 0);
+    assert_eq!(
+        decisions().last().unwrap(),
+        &("promoted".to_string(), Some(3))
+    );
+    served(3, &mut log);
+
+    let words: Vec<String> = decisions().into_iter().map(|d| d.0).collect();
+    assert_eq!(
+        words,
+        [
+            "promoted",
+            "promoted",
+            "nothing_to_do",
+            "refused",
+            "promoted"
+        ]
+    );
+    // Each go-live line names the run the version came from.
+    let live: Vec<&String> = log.iter().filter(|l| l.contains("version live")).collect();
+    assert!(live.iter().all(|l| l.contains("run=nightly-")), "{live:#?}");
+    let _ = server.kill();
+    let _ = server.wait();
+}
