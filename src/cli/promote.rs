@@ -52,12 +52,12 @@ pub struct PromoteArgs {
     /// Engine to measure both models with (default: the serving default).
     #[arg(long)]
     pub engine: Option<String>,
-    /// Tolerated increase of any target's test MSE: `3%` or `0.03`. Refused only when the
+    /// Tolerated increase of any target's test MSE: `10%` or `0.10`. Refused only when the
     /// increase's lower confidence bound exceeds it.
-    #[arg(long, default_value = "3%", value_parser = parse_fraction, value_name = "FRACTION")]
+    #[arg(long, default_value = "10%", value_parser = parse_fraction, value_name = "FRACTION")]
     pub max_mse_increase: f64,
     /// Tolerated increase of the mean test Gaussian NLL (nats per value), in the same way.
-    #[arg(long, default_value_t = 0.01, value_name = "NATS")]
+    #[arg(long, default_value_t = 0.02, value_name = "NATS")]
     pub max_nll_increase: f64,
     /// One-sided confidence of the paired bootstrap bounds: `95%` or `0.95`.
     #[arg(long, default_value = "95%", value_parser = parse_fraction, value_name = "FRACTION")]

@@ -196,16 +196,16 @@ fn the_gate_rule_on_injected_numbers() {
     // Better everywhere: promoted.
     let d = decide(&g, &m(&[0.9, 1.9], 0.45, 9.0, 90.0, "b"), Some(&served));
     assert!(d.promoted, "{d:?}");
-    // Within the tolerances (MSE +2.9 %, NLL +0.009, latency 1.49×): promoted.
+    // Within the tolerances (MSE +9.9 %, NLL +0.019, latency 1.49×): promoted.
     let d = decide(
         &g,
-        &m(&[1.029, 2.0], 0.509, 14.9, 149.0, "b"),
+        &m(&[1.099, 2.0], 0.519, 14.9, 149.0, "b"),
         Some(&served),
     );
     assert!(d.promoted, "{d:?}");
     assert_eq!(d.outcome, Outcome::Promoted);
-    // One target 6 % worse: refused on that target only.
-    let d = decide(&g, &m(&[1.06, 1.0], 0.40, 9.0, 90.0, "b"), Some(&served));
+    // One target 11 % worse: refused on that target only.
+    let d = decide(&g, &m(&[1.11, 1.0], 0.40, 9.0, 90.0, "b"), Some(&served));
     assert!(!d.promoted);
     assert_eq!(d.outcome, Outcome::Refused);
     assert_eq!(failed(&d), ["mse t0"]);

@@ -135,11 +135,12 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PromoteError + '_ {
 /// tolerance** (`max_mse_increase` relative, `max_nll_increase` in nats). The tolerances absorb
 /// what the bootstrap cannot see — two models that differ only by their seed differ for real on
 /// any test set: on the baseball data (seasons ≤ 2018, 544 test rows, 20 seeds) a one-sided
-/// 95 % rule with no tolerance refused 25 % of seed-only pairs; with the defaults below, 0.5 %
-/// (MSE) and 2 % (NLL). See `docs/nightly.md`.
+/// 95 % rule with no tolerance refused 25 % of seed-only pairs, and the refit nightly config's
+/// seed-only candidates spread one target's test MSE by 12 %. The defaults below (10 %,
+/// 0.02 nats) sit above that spread. See `docs/nightly.md`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Gates {
-    /// Tolerated relative increase of any target's test MSE (0.03 = 3 %).
+    /// Tolerated relative increase of any target's test MSE (0.10 = 10 %).
     pub max_mse_increase: f64,
     /// Tolerated increase of the mean test Gaussian NLL (nats per value).
     pub max_nll_increase: f64,
@@ -173,8 +174,8 @@ fn default_resamples() -> usize {
 impl Default for Gates {
     fn default() -> Self {
         Self {
-            max_mse_increase: 0.03,
-            max_nll_increase: 0.01,
+            max_mse_increase: 0.10,
+            max_nll_increase: 0.02,
             max_latency_ratio: 1.5,
             confidence: default_confidence(),
             resamples: default_resamples(),
