@@ -141,8 +141,8 @@ pub fn list(registry: &Path, json: bool) -> CliResult {
         return Ok(());
     }
     println!(
-        "{:<40} {:<9} {:>7} {:>10} {:>9} {:>9} {:>10} {:<20} {}",
-        "run", "status", "params", "val loss", "test nll", "b1 µs", "b128 µs", "started", "served"
+        "{:<40} {:<9} {:>7} {:>10} {:>9} {:>9} {:>10} {:<20} served",
+        "run", "status", "params", "val loss", "test nll", "b1 µs", "b128 µs", "started"
     );
     for r in &rows {
         println!(
