@@ -20,8 +20,8 @@ use kiln::track::promote::{Gates, Outcome, PromoteOptions, parse_fraction, promo
 /// promotions`).
 ///
 /// Exit codes: 0 promoted (or would be, with --dry-run), 3 refused (worse beyond noise, slower,
-/// or not finite), 4 nothing to do (the served weights, or the same data and config: a
-/// scheduled job treats it as success), 2 bad input (including a data file that changed since
+/// or not finite), 4 nothing to do (the served weights again — what a rerun on unchanged data
+/// reproduces: a scheduled job treats it as success), 2 bad input (including a data file that changed since
 /// the run), 1 failure.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PromoteArgs {

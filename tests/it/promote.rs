@@ -54,9 +54,6 @@ fn variant(dir: &Path, name: &str, shift: f32, wide: Option<usize>) -> PathBuf {
     std::fs::copy(config_of_trained(), run.join("config.yaml")).unwrap();
     let mut manifest = ckpt.manifest.clone();
     manifest.run_id = name.to_string();
-    // A hand-made variant stands for a run with another recipe: same data, another config
-    // (the same data and config would be "nothing to do").
-    manifest.config_sha256 = format!("variant {name}");
     export(&run.join("export"), manifest, &weights).unwrap();
     run
 }

@@ -302,8 +302,9 @@ pub enum Outcome {
     Promoted,
     /// A check failed: worse beyond noise, slower, or not finite. Exit 3.
     Refused,
-    /// Nothing to do: the candidate's weights are the served version's, or it was trained on
-    /// the same data with the same config. Exit 4 (a scheduled job treats it as success).
+    /// Nothing to do: the candidate's weights are the served version's (a rerun on unchanged
+    /// data and config reproduces them bit for bit). Exit 4 (a scheduled job treats it as
+    /// success).
     NothingToDo,
 }
 
@@ -1272,26 +1273,10 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         }),
         _ => None,
     };
-    let mut decision = decide(&opts.gates, &cand_m, inc_m.as_ref());
-    if let Some((v, inc)) = &served
-        && decision.outcome != Outcome::NothingToDo
-        && inc.manifest.dataset.sha256 == cand.manifest.dataset.sha256
-        && inc.manifest.config_sha256 == cand.manifest.config_sha256
-    {
-        decision.checks.push(Check {
-            name: "new data or config".into(),
-            candidate: 0.0,
-            incumbent: None,
-            limit: None,
-            passed: false,
-            detail: format!(
-                "served version {v} was trained on the same data (SHA-256 {}) with the same config: nothing to do",
-                &inc.manifest.dataset.sha256[..12.min(inc.manifest.dataset.sha256.len())]
-            ),
-        });
-        decision.promoted = false;
-        decision.outcome = Outcome::NothingToDo;
-    }
+    // "No new data" needs no rule of its own: training is deterministic, so the same data and
+    // config reproduce the served weights, which `decide` answers with nothing to do. Other
+    // weights from the same data and config (a kiln upgrade, a hand-made variant) are judged.
+    let decision = decide(&opts.gates, &cand_m, inc_m.as_ref());
     let incumbent_version = served.as_ref().map(|(v, _)| *v);
     let mut promotion = Promotion {
         model: opts.model.clone(),

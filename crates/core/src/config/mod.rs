@@ -10,6 +10,7 @@
 mod overrides;
 mod schema;
 mod validate;
+pub mod values;
 
 pub use overrides::{apply_overrides, load_with_overrides};
 pub use schema::*;

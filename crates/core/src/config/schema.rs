@@ -175,7 +175,7 @@ impl<'de> Deserialize<'de> for Bound {
                     "expected an integer or an ISO 8601 date (\"YYYY-MM-DD\"), got {n}"
                 ))),
             },
-            serde_json::Value::String(s) => match crate::data::split::parse_datetime(&s) {
+            serde_json::Value::String(s) => match super::values::parse_datetime(&s) {
                 Some(_) => Ok(Bound::Date(s)),
                 None => Err(D::Error::custom(format!(
                     "expected an integer or an ISO 8601 date (\"YYYY-MM-DD\" or \"YYYY-MM-DDTHH:MM:SS\"), got {s:?}"

@@ -262,7 +262,7 @@ impl ExperimentConfig {
                             },
                             key,
                         ));
-                        ends[k] = Some(crate::data::split::bound_value(b, k == 1));
+                        ends[k] = Some(super::values::bound_value(b, k == 1));
                     }
                     if let [Some(a), Some(b)] = ends
                         && a > b
@@ -298,7 +298,7 @@ impl ExperimentConfig {
                 for i in 0..ranges.len() {
                     for j in i + 1..ranges.len() {
                         let (a, b) = (ranges[i].0, ranges[j].0);
-                        if crate::data::split::ranges_overlap(a, b) {
+                        if super::values::ranges_overlap(a, b) {
                             return bad(
                                 ranges[j].1.into(),
                                 format!(
