@@ -392,6 +392,7 @@ fn by_column(table: &CsvTable, cfg: &SplitConfig, column: &str) -> Result<Assign
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::values::DAY;
 
     #[test]
     fn dates_round_trip_and_reject_nonsense() {
