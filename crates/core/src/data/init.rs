@@ -245,7 +245,11 @@ mod tests {
         let cfg = crate::config::parse(&s.yaml, Path::new("init.yaml")).unwrap();
         assert_eq!(cfg.name, "shop_sales");
         let d = crate::data::Dataset::load(&cfg.data).unwrap();
-        assert_eq!(d.features, vec!["price", "promo", "promo_missing"]);
+        // The starter's default policy (median with an indicator) covers every feature.
+        assert_eq!(
+            d.features,
+            vec!["price", "promo", "price_missing", "promo_missing"]
+        );
         assert!(d.test.rows() > 0 && d.validation.rows() > 0);
         // Without a date column the split is random.
         std::fs::write(

@@ -68,7 +68,8 @@ pub fn clip(s: &str) -> String {
 /// An error message cut to [`MAX_MESSAGE_BYTES`] (at a character boundary).
 pub fn bound_message(mut m: String) -> String {
     if m.len() > MAX_MESSAGE_BYTES {
-        let mut at = MAX_MESSAGE_BYTES - 32;
+        // Room for the suffix: "… (message of N bytes cut)" is at most 47 bytes.
+        let mut at = MAX_MESSAGE_BYTES - 64;
         while !m.is_char_boundary(at) {
             at -= 1;
         }
