@@ -22,6 +22,7 @@ mod nightly;
 mod observability;
 mod observe;
 mod onnx;
+mod own_data;
 mod pick;
 mod pipeline;
 mod promote;

@@ -469,6 +469,8 @@ fn doctor_gpu_with_the_cuda_feature_passes_on_a_gpu_and_says_why_not_elsewhere()
     let (v, code, lines) = doctor_gpu();
     if !Path::new("/dev/nvidiactl").exists() {
         assert_eq!(code, Some(1), "{lines:?}");
+        // Exactly one line: the reason (no warning from the CUDA runtime's device thread).
+        assert_eq!(lines.len(), 1, "{lines:?}");
         let errors: Vec<&String> = lines.iter().filter(|l| l.starts_with("error:")).collect();
         assert_eq!(errors.len(), 1, "{lines:?}");
         assert_eq!(v["ok"], false);

@@ -31,6 +31,13 @@ pub struct CudaUnavailable(pub String);
 #[cfg(feature = "cuda")]
 pub fn cuda_probe() -> Result<burn::backend::cuda::CudaDevice, CudaUnavailable> {
     use burn::tensor::Tensor;
+    // Without a loadable driver library, asking cubecl for a device only logs a warning from
+    // its device thread and panics: say what is missing before touching it.
+    if let Err(e) = dlopen(std::path::Path::new("libcuda.so.1")) {
+        return Err(CudaUnavailable(format!(
+            "no usable CUDA device: the CUDA driver library libcuda.so.1 cannot be loaded ({e})"
+        )));
+    }
     let prev = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let result = std::panic::catch_unwind(|| {
@@ -59,4 +66,40 @@ pub fn cuda_probe() -> Result<(), CudaUnavailable> {
     Err(CudaUnavailable(
         "this kiln was built without the `cuda` feature (rebuild with `--features cuda`)".into(),
     ))
+}
+
+/// Open `path` (a file, or a bare soname the dynamic loader searches for) with the dynamic
+/// loader, and keep it open so that a later load by its soname finds it; the loader's message
+/// when it cannot.
+pub fn dlopen(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: `c` is a valid NUL-terminated path; dlopen and dlerror have no other
+    // preconditions, and the handle is deliberately never closed.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns a NUL-terminated message or null.
+        let msg = unsafe { libc::dlerror() };
+        let msg = if msg.is_null() {
+            "dlopen failed".to_string()
+        } else {
+            // SAFETY: non-null, NUL-terminated, valid until the next dl* call.
+            unsafe { std::ffi::CStr::from_ptr(msg) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        return Err(msg);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dlopen_names_what_is_missing() {
+        let e = super::dlopen(std::path::Path::new("libkiln-no-such-library.so.7")).unwrap_err();
+        assert!(e.contains("libkiln-no-such-library.so.7"), "{e}");
+        // The C library is always there.
+        super::dlopen(std::path::Path::new("libc.so.6")).unwrap();
+    }
 }

@@ -277,35 +277,11 @@ pub fn find_cuda_libraries(dirs: &[std::path::PathBuf]) -> Vec<LibrarySearch> {
                 library: library.to_string(),
                 names: names.iter().map(|n| n.to_string()).collect(),
                 dirs: dirs.iter().map(|d| d.display().to_string()).collect(),
-                loadable: found.as_deref().map(dlopen),
+                loadable: found.as_deref().map(crate::backend::dlopen),
                 found: found.map(|p| p.display().to_string()),
             }
         })
         .collect()
-}
-
-/// Open `path` with the dynamic loader (and keep it open: a later load by its soname finds
-/// it); the loader's message when it cannot.
-fn dlopen(path: &std::path::Path) -> Result<(), String> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
-    // SAFETY: `c` is a valid NUL-terminated path; dlopen and dlerror have no other
-    // preconditions, and the handle is deliberately never closed.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if handle.is_null() {
-        // SAFETY: dlerror returns a NUL-terminated message or null.
-        let msg = unsafe { libc::dlerror() };
-        let msg = if msg.is_null() {
-            "dlopen failed".to_string()
-        } else {
-            // SAFETY: non-null, NUL-terminated, valid until the next dl* call.
-            unsafe { std::ffi::CStr::from_ptr(msg) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        return Err(msg);
-    }
-    Ok(())
 }
 
 /// Gather the report.

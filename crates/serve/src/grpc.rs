@@ -472,6 +472,7 @@ fn typed_values(
         values,
         has_bool: false,
         has_number: true,
+        strings: Vec::new(),
     };
     Ok(match datatype {
         Datatype::Bool => JsonData {
@@ -482,6 +483,7 @@ fn typed_values(
                 .collect(),
             has_bool: true,
             has_number: false,
+            strings: Vec::new(),
         },
         Datatype::Fp32 => nums(c.fp32_contents.iter().map(|&x| x as f64).collect()),
         Datatype::Fp64 => nums(c.fp64_contents),
@@ -498,11 +500,21 @@ fn typed_values(
                 "input `{name}`: FP16 has no typed contents; send it in raw_input_contents"
             )));
         }
-        Datatype::Bytes => {
-            return Err(bad(format!(
-                "input `{name}`: BYTES tensors are not supported"
-            )));
-        }
+        Datatype::Bytes => JsonData {
+            strings: c
+                .bytes_contents
+                .into_iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    String::from_utf8(b).map_err(|_| {
+                        bad(format!(
+                            "input `{name}`: BYTES element {i} is not UTF-8 text"
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            ..JsonData::default()
+        },
     })
 }
 
@@ -552,9 +564,15 @@ pub fn parse_request(r: ModelInferRequest) -> Result<InferRequest, Status> {
             }
             (Some(b), None) => {
                 let Some(size) = datatype.size() else {
-                    return Err(bad(format!(
-                        "input `{name}`: BYTES tensors are not supported"
-                    )));
+                    let strings = crate::protocol::tensor::parse_bytes_elements(&name, &b, count)
+                        .map_err(|e| bad(e.0))?;
+                    inputs.push(InputTensor {
+                        name,
+                        datatype,
+                        shape,
+                        data: InputData::Strings(strings),
+                    });
+                    continue;
                 };
                 if b.len() != count * size {
                     return Err(bad(format!(
@@ -567,14 +585,14 @@ pub fn parse_request(r: ModelInferRequest) -> Result<InferRequest, Status> {
             }
             (None, Some(c)) => {
                 let d = typed_values(&name, datatype, c)?;
-                if d.values.len() != count {
+                if d.len() != count {
                     return Err(bad(format!(
                         "input `{name}` has {} elements in contents.{} but shape {shape:?} needs {count}",
-                        d.values.len(),
+                        d.len(),
                         contents_field(datatype)
                     )));
                 }
-                InputData::Json(d)
+                crate::protocol::request::json_input(&name, datatype, d).map_err(|e| bad(e.0))?
             }
             (None, None) => {
                 return Err(bad(format!(

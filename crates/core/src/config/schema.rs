@@ -420,6 +420,28 @@ pub struct DataConfig {
     /// whose target is missing is always dropped from its split.
     #[serde(default, skip_serializing_if = "MissingConfig::is_default")]
     pub missing: MissingConfig,
+    /// Which of `features` hold categories (text or integer codes): each becomes one 0/1
+    /// input per value seen in the training split (the vocabulary travels in the
+    /// checkpoint); a value the training split did not have sets none of them (the unknown
+    /// bucket).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub categorical: Vec<String>,
+    /// The most distinct training values a categorical column may have (a guard against an
+    /// identifier column listed by mistake).
+    #[serde(
+        default = "default_max_categories",
+        skip_serializing_if = "is_default_max_categories"
+    )]
+    pub max_categories: usize,
+    /// A column of non-negative sample weights, used in the training loss and in every
+    /// reported metric (absent: every row weighs the same). A row with a missing weight is
+    /// dropped from its split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<String>,
+    /// The file format: `csv` or `parquet` (absent: from the extension — `.parquet`/`.pq`
+    /// is Parquet, anything else CSV, optionally gzip-compressed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<DataFormat>,
     /// Extra per-sample work in the data path: the number of passes of a real
     /// feature transform (a Box–Cox/Yeo–Johnson style power transform, evaluated and
     /// inverted) applied to each sample when a batch is assembled. 0 (default) disables
@@ -558,6 +580,45 @@ impl<'de> Deserialize<'de> for MissingPolicy {
             }
             other => Err(D::Error::custom(format!("{EXPECTED}, got {other}"))),
         }
+    }
+}
+
+/// The default of `data.max_categories`.
+pub const DEFAULT_MAX_CATEGORIES: usize = 100;
+
+fn default_max_categories() -> usize {
+    DEFAULT_MAX_CATEGORIES
+}
+
+fn is_default_max_categories(n: &usize) -> bool {
+    *n == DEFAULT_MAX_CATEGORIES
+}
+
+/// A data file's format.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// Delimited text, optionally gzip-compressed.
+    Csv,
+    /// Apache Parquet.
+    Parquet,
+}
+
+impl DataFormat {
+    /// The format of `path`: `format` when given, else Parquet for a `.parquet` or `.pq`
+    /// extension and CSV otherwise.
+    pub fn of(path: &std::path::Path, format: Option<DataFormat>) -> DataFormat {
+        format.unwrap_or_else(|| {
+            match path
+                .extension()
+                .and_then(|e| e.to_str())
+                .map(|e| e.to_ascii_lowercase())
+                .as_deref()
+            {
+                Some("parquet" | "pq") => DataFormat::Parquet,
+                _ => DataFormat::Csv,
+            }
+        })
     }
 }
 

@@ -146,6 +146,34 @@ impl ExperimentConfig {
                 format!("expected \",\", \"\\t\", \";\" or \"|\", got {d:?}"),
             );
         }
+        for (i, c) in self.data.categorical.iter().enumerate() {
+            if self.data.categorical[..i].contains(c) {
+                return bad(
+                    format!("data.categorical[{i}]"),
+                    format!("column {c:?} is listed twice"),
+                );
+            }
+            if !self.data.features.contains(c) {
+                return bad(
+                    format!("data.categorical[{i}]"),
+                    format!(
+                        "column {c:?} is not in data.features ({}); list it there too, where the network should see it",
+                        self.data.features.join(", ")
+                    ),
+                );
+            }
+        }
+        if self.data.max_categories == 0 {
+            return bad("data.max_categories".into(), "expected at least 1".into());
+        }
+        if let Some(w) = &self.data.weight
+            && (self.data.features.contains(w) || self.data.targets.contains(w))
+        {
+            return bad(
+                "data.weight".into(),
+                format!("column {w:?} is also a feature or a target; a weight column is neither"),
+            );
+        }
         self.validate_missing(bad)?;
         self.validate_split(bad)
     }

@@ -47,7 +47,8 @@ pub struct DateTime {
 }
 
 /// Parse `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM:SS` or `YYYY-MM-DDTHH:MM:SSZ` (a space may stand
-/// for the `T`). Times without `Z` are read as UTC.
+/// for the `T`; fractions of a second, `SS.fff`, are accepted and dropped). Times without `Z`
+/// are read as UTC.
 pub fn parse_datetime(s: &str) -> Option<DateTime> {
     let s = s.trim();
     let b = s.as_bytes();
@@ -88,6 +89,14 @@ pub fn parse_datetime(s: &str) -> Option<DateTime> {
     }
     let rest = s.get(10..)?;
     let rest = rest.strip_suffix('Z').unwrap_or(rest);
+    // Fractions of a second (`.250`, Parquet timestamps) are read and dropped.
+    let rest = match rest.split_once('.') {
+        Some((whole, frac)) if !frac.is_empty() && frac.bytes().all(|c| c.is_ascii_digit()) => {
+            whole
+        }
+        Some(_) => return None,
+        None => rest,
+    };
     let rb = rest.as_bytes();
     if rb.len() != 9 || !(rb[0] == b'T' || rb[0] == b' ') || rb[3] != b':' || rb[6] != b':' {
         return None;

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
-use super::preprocess::{INDICATOR_SUFFIX, InputColumn, Preprocessing, median};
+use super::preprocess::{
+    EncodeCounts, INDICATOR_SUFFIX, InputColumn, Preprocessing, RawValue, median,
+};
 use super::split;
 use super::table::{CsvTable, DataError, is_missing};
 use crate::config::{DataConfig, Imputation, MissingPolicy};
@@ -32,12 +34,39 @@ pub struct Subset {
     /// Each row's index among the file's data rows (0 = the first row after the header), so
     /// that other columns of the same rows can be read back (e.g. the gate's group column).
     pub source_rows: Vec<usize>,
+    /// Sample weights (`data.weight`), one per row; empty when every row weighs the same.
+    pub w: Vec<f64>,
 }
 
 impl Subset {
     /// Number of rows.
     pub fn rows(&self) -> usize {
         self.season.len()
+    }
+
+    /// The sample weights, or `None` when every row weighs the same.
+    pub fn weights(&self) -> Option<&[f64]> {
+        (!self.w.is_empty()).then_some(&self.w[..])
+    }
+}
+
+/// A numeric feature cell that is text: say how to declare the column categorical.
+fn categorical_hint(e: DataError, categorical: &[String]) -> DataError {
+    match e {
+        DataError::NotNumeric {
+            path,
+            line,
+            column,
+            value,
+        } if !categorical.contains(&column) => DataError::Cell {
+            path,
+            line,
+            message: format!(
+                "expected a number, got {value:?}; if `{column}` holds categories, list it under data.categorical"
+            ),
+            column,
+        },
+        e => e,
     }
 }
 
@@ -80,7 +109,12 @@ impl Dataset {
             source,
         })?;
         let sha256 = sha256_hex(&bytes);
-        let table = CsvTable::from_bytes_with(&bytes, &cfg.path, cfg.delimiter.map(|c| c as u8))?;
+        let table = CsvTable::from_file_bytes(
+            bytes,
+            &cfg.path,
+            cfg.format,
+            cfg.delimiter.map(|c| c as u8),
+        )?;
         Self::from_table(cfg, &table, sha256)
     }
 
@@ -106,6 +140,16 @@ impl Dataset {
             .iter()
             .map(|n| table.column_index(n))
             .collect::<Result<_, _>>()?;
+        let w_idx = cfg
+            .weight
+            .as_ref()
+            .map(|w| table.column_index(w))
+            .transpose()?;
+        let categorical: Vec<bool> = cfg
+            .features
+            .iter()
+            .map(|f| cfg.categorical.contains(f))
+            .collect();
         let policies: Vec<&MissingPolicy> =
             cfg.features.iter().map(|f| cfg.missing.policy(f)).collect();
         for f in &cfg.features {
@@ -124,7 +168,7 @@ impl Dataset {
                 }
             }
         }
-        let (nf, nt) = (cfg.features.len(), cfg.targets.len());
+        let nt = cfg.targets.len();
         let mut dropped: BTreeMap<String, usize> = BTreeMap::new();
         let outside = assignment.outside();
         if assignment.missing_key > 0 {
@@ -139,9 +183,9 @@ impl Dataset {
                 outside - assignment.missing_key,
             );
         }
-        // Raw rows per split, NaN marking a cell to impute.
+        // Pass 1: which rows each split keeps (targets, weights and numeric cells checked,
+        // missing values handled by policy), in file order.
         let mut parts = [Subset::default(), Subset::default(), Subset::default()];
-        let mut xrow = Vec::with_capacity(nf);
         let mut yrow = Vec::with_capacity(nt);
         'rows: for (i, (row, &line)) in table.rows.iter().zip(&table.lines).enumerate() {
             let Some(p) = assignment.part[i] else {
@@ -162,8 +206,36 @@ impl Dataset {
                 }
                 yrow.push(table.parse_cell_f32(cell, line, name)?);
             }
-            xrow.clear();
-            for ((&j, name), policy) in f_idx.iter().zip(&cfg.features).zip(&policies) {
+            let weight = match (w_idx, &cfg.weight) {
+                (Some(j), Some(name)) => {
+                    let cell = &row[j];
+                    if is_missing(cell) {
+                        *dropped
+                            .entry(format!("missing weight `{name}`"))
+                            .or_default() += 1;
+                        continue 'rows;
+                    }
+                    let w = table.parse_cell_f32(cell, line, name)?;
+                    if w < 0.0 {
+                        return Err(DataError::Cell {
+                            path: table.path.clone(),
+                            line,
+                            column: name.clone(),
+                            message: format!(
+                                "a sample weight is negative ({cell:?}); expected a number ≥ 0"
+                            ),
+                        });
+                    }
+                    Some(w as f64)
+                }
+                _ => None,
+            };
+            for (((&j, name), policy), &cat) in f_idx
+                .iter()
+                .zip(&cfg.features)
+                .zip(&policies)
+                .zip(&categorical)
+            {
                 let cell = &row[j];
                 if is_missing(cell) {
                     match policy {
@@ -183,28 +255,32 @@ impl Dataset {
                                 .or_default() += 1;
                             continue 'rows;
                         }
-                        MissingPolicy::Impute { .. } => xrow.push(f32::NAN),
+                        MissingPolicy::Impute { .. } => {}
                     }
-                } else {
-                    xrow.push(table.parse_cell_f32(cell, line, name)?);
+                } else if !cat {
+                    table
+                        .parse_cell_f32(cell, line, name)
+                        .map_err(|e| categorical_hint(e, &cfg.categorical))?;
                 }
             }
             let part = &mut parts[p];
-            part.x.extend_from_slice(&xrow);
             part.y.extend_from_slice(&yrow);
             part.season.push(assignment.key[i]);
             part.source_rows.push(i);
+            if let Some(w) = weight {
+                part.w.push(w);
+            }
         }
         for (k, part) in parts.iter().enumerate() {
+            let why = if dropped.keys().any(|r| r.starts_with("missing")) {
+                format!(
+                    " (after dropping rows with missing values: {})",
+                    describe_counts(&dropped)
+                )
+            } else {
+                String::new()
+            };
             if part.rows() == 0 {
-                let why = if dropped.keys().any(|r| r.starts_with("missing")) {
-                    format!(
-                        " (after dropping rows with missing values: {})",
-                        describe_counts(&dropped)
-                    )
-                } else {
-                    String::new()
-                };
                 return Err(DataError::EmptySplit {
                     path: cfg.path.clone(),
                     split: split::SPLIT_NAMES[k],
@@ -216,26 +292,57 @@ impl Dataset {
                         .unwrap_or_else(|| cfg.season_column.clone()),
                 });
             }
+            if let Some(w) = &cfg.weight
+                && part.w.iter().sum::<f64>() <= 0.0
+            {
+                return Err(DataError::Other(format!(
+                    "{}: the {} split's sample weights (column `{w}`) are all 0; at least one row must weigh something",
+                    cfg.path.display(),
+                    split::SPLIT_NAMES[k]
+                )));
+            }
         }
-        // Imputation values from the training split only.
-        let mut inputs = Vec::with_capacity(nf);
-        for (j, (name, policy)) in cfg.features.iter().zip(&policies).enumerate() {
-            let mut col = InputColumn {
-                name: name.clone(),
-                impute: None,
-                indicator: false,
+        // Imputation values and vocabularies from the training split only.
+        let mut inputs = Vec::with_capacity(cfg.features.len());
+        for (((&j, name), policy), &cat) in f_idx
+            .iter()
+            .zip(&cfg.features)
+            .zip(&policies)
+            .zip(&categorical)
+        {
+            let mut col = InputColumn::numeric(name);
+            let cells = || {
+                parts[0]
+                    .source_rows
+                    .iter()
+                    .map(|&r| table.rows[r][j].as_str())
+                    .filter(|c| !is_missing(c))
             };
-            if let MissingPolicy::Impute {
+            if cat {
+                let vocab: std::collections::BTreeSet<&str> = cells().map(str::trim).collect();
+                if vocab.len() > cfg.max_categories {
+                    let examples: Vec<&str> = vocab.iter().take(5).copied().collect();
+                    return Err(DataError::Other(format!(
+                        "{}: categorical column `{name}` has {} distinct values in the training split (e.g. {}), more than data.max_categories ({}); is it an identifier? Raise data.max_categories or leave the column out",
+                        cfg.path.display(),
+                        vocab.len(),
+                        examples.join(", "),
+                        cfg.max_categories
+                    )));
+                }
+                col.categories = Some(vocab.into_iter().map(str::to_string).collect());
+                if let MissingPolicy::Impute { indicator, .. } = policy {
+                    col.missing_to_unknown = true;
+                    col.indicator = *indicator;
+                }
+            } else if let MissingPolicy::Impute {
                 with,
                 value,
                 indicator,
             } = policy
             {
-                let mut seen: Vec<f64> = parts[0]
-                    .x
-                    .chunks_exact(nf)
-                    .map(|r| r[j] as f64)
-                    .filter(|v| !v.is_nan())
+                let mut seen: Vec<f64> = cells()
+                    .map(|c| f64::from(c.trim().parse::<f64>().expect("checked in pass 1") as f32))
                     .collect();
                 let v = match with {
                     Imputation::Constant => value.unwrap_or(0.0),
@@ -262,36 +369,52 @@ impl Dataset {
         }
         let mut pre = Preprocessing {
             inputs,
+            weight: cfg.weight.clone(),
             rows_outside: outside,
             dropped,
             imputed: BTreeMap::new(),
+            unknown: BTreeMap::new(),
         };
+        // Pass 2: every kept row through the stored preprocessing, exactly as `kiln predict`
+        // and `kiln serve` will read raw rows.
         let n_net = pre.n_features();
-        for part in &mut parts {
-            let raw = std::mem::take(&mut part.x);
+        let mut counts = EncodeCounts::default();
+        let mut unknown = EncodeCounts::default();
+        let mut values = Vec::with_capacity(f_idx.len());
+        for (k, part) in parts.iter_mut().enumerate() {
             let mut x = Vec::with_capacity(part.rows() * n_net);
-            for r in raw.chunks_exact(nf) {
-                for (v, c) in r.iter().zip(&pre.inputs) {
-                    if v.is_nan() {
-                        *pre.imputed.entry(c.name.clone()).or_default() += 1;
-                        x.push(c.impute.expect("only imputed columns hold NaN") as f32);
-                    } else {
-                        x.push(*v);
-                    }
-                }
-                for (v, c) in r.iter().zip(&pre.inputs) {
-                    if c.indicator {
-                        x.push(if v.is_nan() { 1.0 } else { 0.0 });
-                    }
-                }
+            for &r in &part.source_rows {
+                let row = &table.rows[r];
+                let line = table.lines[r];
+                values.clear();
+                values.extend(f_idx.iter().map(|&j| RawValue::cell(&row[j])));
+                let locate = |column: &str, message: String| DataError::Cell {
+                    path: table.path.clone(),
+                    line,
+                    column: column.to_string(),
+                    message,
+                };
+                let c = if k == 0 { &mut counts } else { &mut unknown };
+                pre.push_values(&values, &mut x, &locate, Some(c))?;
             }
             part.x = x;
+        }
+        for (i, c) in pre.inputs.iter().enumerate() {
+            let n = counts.imputed.get(i).copied().unwrap_or(0)
+                + unknown.imputed.get(i).copied().unwrap_or(0);
+            if n > 0 {
+                pre.imputed.insert(c.name.clone(), n);
+            }
+            if let Some(&n) = unknown.unknown.get(i).filter(|&&n| n > 0) {
+                pre.unknown.insert(c.name.clone(), n);
+            }
         }
         let mut missing_cells = BTreeMap::new();
         for (&j, name) in f_idx
             .iter()
             .zip(&cfg.features)
             .chain(t_idx.iter().zip(&cfg.targets))
+            .chain(w_idx.iter().zip(&cfg.weight))
         {
             let n = table.rows.iter().filter(|r| is_missing(&r[j])).count();
             if n > 0 {
@@ -334,6 +457,31 @@ impl Dataset {
                 describe_counts(&self.missing_cells)
             }
         ));
+        let kinds: Vec<String> = self
+            .preprocessing
+            .inputs
+            .iter()
+            .map(|c| match &c.categories {
+                Some(v) => format!("{} categorical ({} values)", c.name, v.len()),
+                None => format!("{} numeric", c.name),
+            })
+            .collect();
+        s.push_str(&format!("\n  features: {}", kinds.join(", ")));
+        if !self.preprocessing.unknown.is_empty() {
+            s.push_str(&format!(
+                "\n  categories the training split lacks (unknown bucket) in validation/test: {}",
+                describe_counts(&self.preprocessing.unknown)
+            ));
+        }
+        if let Some(w) = &self.preprocessing.weight {
+            let sum = |p: &Subset| p.w.iter().sum::<f64>();
+            s.push_str(&format!(
+                "\n  sample weights `{w}`: total {:.6} train / {:.6} validation / {:.6} test",
+                sum(&self.train),
+                sum(&self.validation),
+                sum(&self.test)
+            ));
+        }
         s.push_str(&format!(
             "\n  network inputs ({}): {}",
             self.features.len(),
@@ -358,6 +506,12 @@ impl Dataset {
             s.push_str(&format!(
                 "; imputed cells: {}",
                 describe_counts(&self.preprocessing.imputed)
+            ));
+        }
+        if !self.preprocessing.unknown.is_empty() {
+            s.push_str(&format!(
+                "; unknown categories (validation/test): {}",
+                describe_counts(&self.preprocessing.unknown)
             ));
         }
         s
@@ -389,20 +543,29 @@ pub struct ColumnStats {
 
 /// Fit mean and standard deviation of each column of a row-major matrix.
 pub fn fit_stats(names: &[String], m: &[f32]) -> Vec<ColumnStats> {
+    fit_stats_weighted(names, m, None)
+}
+
+/// [`fit_stats`] with one weight per row (`None`: equal): the weighted mean and standard
+/// deviation, so that rows of weight 0 do not move the normalisation either.
+pub fn fit_stats_weighted(names: &[String], m: &[f32], w: Option<&[f64]>) -> Vec<ColumnStats> {
     let k = names.len();
     let n = m.len() / k.max(1);
+    let wi = |i: usize| w.map_or(1.0, |w| w[i]);
+    let total: f64 = (0..n).map(wi).sum::<f64>();
+    let total = if total > 0.0 { total } else { 1.0 };
     names
         .iter()
         .enumerate()
         .map(|(j, name)| {
-            let mean = (0..n).map(|i| m[i * k + j] as f64).sum::<f64>() / n.max(1) as f64;
+            let mean = (0..n).map(|i| wi(i) * m[i * k + j] as f64).sum::<f64>() / total;
             let var = (0..n)
                 .map(|i| {
                     let d = m[i * k + j] as f64 - mean;
-                    d * d
+                    wi(i) * d * d
                 })
                 .sum::<f64>()
-                / n.max(1) as f64;
+                / total;
             let std = var.sqrt();
             ColumnStats {
                 name: name.clone(),

@@ -1,6 +1,8 @@
-//! `kiln init --data FILE --target COL…`: a commented starter config for a table. Numeric
-//! columns become features, a date column (if there is one) carries relative windows, else
-//! the split is random; missing cells get median imputation with an indicator.
+//! `kiln init --data FILE --target COL…`: a commented starter config for a table (CSV or
+//! Parquet). Numeric columns become features, text columns with few distinct values
+//! categorical features (one with a value on most rows, an identifier, is left out), a date
+//! column (if there is one) carries relative windows, else the split is random; missing cells
+//! get median imputation (the unknown bucket for a category) with an indicator.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -69,6 +71,7 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         }
     }
     let mut features = Vec::new();
+    let mut categorical = Vec::new();
     let mut date: Option<String> = None;
     let mut missing = 0usize;
     for (j, name) in table.header.iter().enumerate() {
@@ -82,25 +85,47 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
             }
             Kind::Date if date.is_none() => date = Some(name.clone()),
             Kind::Date => notes.push(format!("`{name}`: a second date column, not used")),
-            Kind::Text => notes.push(format!(
-                "`{name}`: text, not used (categorical features are not supported yet)"
-            )),
+            Kind::Text => {
+                let values: std::collections::BTreeSet<&str> = table
+                    .rows
+                    .iter()
+                    .map(|r| r[j].trim())
+                    .filter(|c| !is_missing(c))
+                    .collect();
+                let present = table.rows.iter().filter(|r| !is_missing(&r[j])).count();
+                if values.len() > crate::config::DEFAULT_MAX_CATEGORIES {
+                    notes.push(format!(
+                        "`{name}`: text with {} distinct values (more than data.max_categories, {}), not used",
+                        values.len(),
+                        crate::config::DEFAULT_MAX_CATEGORIES
+                    ));
+                } else if values.len() * 2 > present {
+                    notes.push(format!(
+                        "`{name}`: text with {} distinct values in {present} rows (an identifier?), not used",
+                        values.len()
+                    ));
+                } else {
+                    missing += table.rows.len() - present;
+                    features.push(name.clone());
+                    categorical.push(name.clone());
+                    notes.push(format!(
+                        "`{name}`: categorical, {} values (one-hot)",
+                        values.len()
+                    ));
+                }
+            }
             Kind::Empty => notes.push(format!("`{name}`: every cell is missing, not used")),
         }
     }
     if features.is_empty() {
         return Err(DataError::Other(format!(
-            "{}: no numeric column besides the targets to use as a feature",
+            "{}: no numeric or categorical column besides the targets to use as a feature",
             data.display()
         )));
     }
     notes.insert(
         0,
-        format!(
-            "{} numeric features: {}",
-            features.len(),
-            features.join(", ")
-        ),
+        format!("{} features: {}", features.len(), features.join(", ")),
     );
     let name: String = data
         .file_stem()
@@ -135,12 +160,16 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
     writeln!(y, "seed: 42").unwrap();
     writeln!(y, "data:").unwrap();
     writeln!(y, "  path: {}", data.display()).unwrap();
-    writeln!(
-        y,
-        "  # Numeric columns, in the order the network sees them."
-    )
-    .unwrap();
+    writeln!(y, "  # Input columns, in the order the network sees them.").unwrap();
     writeln!(y, "  features: [{}]", list(&features)).unwrap();
+    if !categorical.is_empty() {
+        writeln!(
+            y,
+            "  # Text columns: one 0/1 input per value of the training split; a value it did not\n  # have (or a missing one, with the imputation below) sets none of them."
+        )
+        .unwrap();
+        writeln!(y, "  categorical: [{}]", list(&categorical)).unwrap();
+    }
     writeln!(y, "  targets: [{}]", list(targets)).unwrap();
     if missing > 0 {
         writeln!(
@@ -235,10 +264,17 @@ mod tests {
         }
         std::fs::write(&p, text).unwrap();
         let s = starter_config(&p, &["units".into()]).unwrap();
-        assert!(s.yaml.contains("features: [price, promo]"), "{}", s.yaml);
+        assert!(
+            s.yaml.contains("features: [store, price, promo]"),
+            "{}",
+            s.yaml
+        );
+        assert!(s.yaml.contains("categorical: [store]"), "{}", s.yaml);
         assert!(s.yaml.contains("column: day"), "{}", s.yaml);
         assert!(
-            s.notes.iter().any(|n| n.contains("`store`: text")),
+            s.notes
+                .iter()
+                .any(|n| n.contains("`id`: text with 60 distinct values in 60 rows")),
             "{:?}",
             s.notes
         );
@@ -248,7 +284,16 @@ mod tests {
         // The starter's default policy (median with an indicator) covers every feature.
         assert_eq!(
             d.features,
-            vec!["price", "promo", "price_missing", "promo_missing"]
+            vec![
+                "store=s0",
+                "store=s1",
+                "store=s2",
+                "price",
+                "promo",
+                "store_missing",
+                "price_missing",
+                "promo_missing"
+            ]
         );
         assert!(d.test.rows() > 0 && d.validation.rows() > 0);
         // Without a date column the split is random.

@@ -38,6 +38,9 @@ pub struct HostBatch {
     pub y: Vec<f32>,
     /// The dataset row of each batch row.
     pub row_ids: Vec<u32>,
+    /// Sample weight of each row (normalised to mean 1 over the source); empty when every
+    /// row weighs the same.
+    pub w: Vec<f32>,
 }
 
 /// The data a loader draws from: raw rows and the normalisation to apply.
@@ -50,6 +53,7 @@ pub struct BatchSource {
     x_norm: Affine,
     y_norm: Affine,
     transform_passes: u32,
+    w: Vec<f32>,
 }
 
 impl BatchSource {
@@ -66,7 +70,19 @@ impl BatchSource {
             x_norm,
             y_norm,
             transform_passes: 0,
+            w: Vec::new(),
         }
+    }
+
+    /// Weight the rows (one weight per row, ≥ 0, not all 0): batches carry them normalised
+    /// to mean 1 over the source, so a weighted loss has the scale of an unweighted one.
+    pub fn with_weights(mut self, w: Option<&[f64]>) -> Self {
+        if let Some(w) = w {
+            assert_eq!(w.len(), self.rows(), "one weight per row");
+            let mean = w.iter().sum::<f64>() / w.len().max(1) as f64;
+            self.w = w.iter().map(|&v| (v / mean) as f32).collect();
+        }
+        self
     }
 
     /// Add `passes` rounds of per-sample feature transform work (see `data.transform_passes`).
@@ -97,12 +113,18 @@ impl BatchSource {
             y.extend_from_slice(&self.y[r * nt..(r + 1) * nt]);
             self.y_norm.apply_row(&mut y[start..]);
         }
+        let w = if self.w.is_empty() {
+            Vec::new()
+        } else {
+            rows.iter().map(|&r| self.w[r as usize]).collect()
+        };
         HostBatch {
             index,
             rows: rows.len(),
             x,
             y,
             row_ids: rows.to_vec(),
+            w,
         }
     }
 }

@@ -1,10 +1,30 @@
-//! Data: CSV → typed columns, the split (by column, relative window, random or group), normalisation, the prefetching loader, and the
+//! Data: CSV and Parquet → typed columns, the split (by column, relative window, random or group), normalisation, the prefetching loader, and the
 //! dataset builders (baseball, synthetic).
 
 pub mod baseball;
 pub mod dataset;
 pub mod init;
 pub mod loader;
+#[cfg(feature = "parquet")]
+pub mod parquet;
+#[cfg(not(feature = "parquet"))]
+pub mod parquet {
+    //! Without the `parquet` feature: Parquet files are recognised and refused.
+    use super::table::{CsvTable, DataError};
+    /// Whether `bytes` start like a Parquet file (`PAR1`).
+    pub fn is_parquet(bytes: &[u8]) -> bool {
+        bytes.len() >= 8 && bytes.starts_with(b"PAR1") && bytes.ends_with(b"PAR1")
+    }
+    /// Refuse: this build has no Parquet reader.
+    pub fn read(_bytes: Vec<u8>, path: &std::path::Path) -> Result<CsvTable, DataError> {
+        Err(DataError::Format {
+            path: path.to_path_buf(),
+            message: "this build of kiln-core has no Parquet reader (cargo feature `parquet`; the kiln binary has it)".into(),
+        })
+    }
+}
+#[cfg(test)]
+mod own_tests;
 pub mod preprocess;
 pub mod split;
 #[cfg(test)]

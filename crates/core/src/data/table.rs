@@ -135,6 +135,14 @@ pub enum DataError {
         /// What was wrong.
         message: String,
     },
+    /// The file is not readable in its format (e.g. a damaged Parquet file).
+    #[error("{path}: {message}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
+    },
     /// A generic, already-located problem (dataset derivation).
     #[error("{0}")]
     Other(String),
@@ -154,13 +162,37 @@ pub struct CsvTable {
 }
 
 impl CsvTable {
-    /// Read a whole CSV file with a header row.
+    /// Read a whole table: a Parquet file (by its `.parquet`/`.pq` extension or its `PAR1`
+    /// magic bytes) or a CSV file with a header row.
     pub fn read(path: &Path) -> Result<Self, DataError> {
         let bytes = std::fs::read(path).map_err(|source| DataError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_bytes(&bytes, path)
+        Self::from_file_bytes(bytes, path, None, None)
+    }
+
+    /// A file's bytes as a table: `format` when given, else Parquet for a `.parquet`/`.pq`
+    /// extension or `PAR1` magic bytes, else CSV (with `delimiter`, or sniffed).
+    pub fn from_file_bytes(
+        bytes: Vec<u8>,
+        path: &Path,
+        format: Option<crate::config::DataFormat>,
+        delimiter: Option<u8>,
+    ) -> Result<Self, DataError> {
+        use crate::config::DataFormat;
+        let parquet = match format {
+            Some(f) => f == DataFormat::Parquet,
+            None => {
+                DataFormat::of(path, None) == DataFormat::Parquet
+                    || super::parquet::is_parquet(&bytes)
+            }
+        };
+        if parquet {
+            super::parquet::read(bytes, path)
+        } else {
+            Self::from_bytes_with(&bytes, path, delimiter)
+        }
     }
 
     /// Parse CSV bytes; `path` is only used in messages. The delimiter is sniffed from the
@@ -226,7 +258,7 @@ impl CsvTable {
                         expected_len, len, ..
                     } => format!("expected {expected_len} fields, found {len}"),
                     csv::ErrorKind::Utf8 { .. } => {
-                        "invalid UTF-8 (is this a CSV file? Parquet is not read yet)".to_string()
+                        "invalid UTF-8 (is this a CSV file? A Parquet file is read by its .parquet extension, its PAR1 magic bytes or data.format: parquet)".to_string()
                     }
                     _ => e.to_string(),
                 },

@@ -32,6 +32,7 @@ use prost::Message as _;
 
 use crate::artifact::{ArtifactError, Checkpoint, HostLinear};
 use crate::config::Activation;
+use crate::data::preprocess::Preprocessing;
 
 /// The ONNX operator set version the graph uses (default domain).
 pub const OPSET_VERSION: i64 = 17;
@@ -52,6 +53,23 @@ const FLOAT: i32 = 1;
 const DOUBLE: i32 = 11;
 /// `AttributeProto.AttributeType.INT`.
 const ATTR_INT: i32 = 2;
+/// `AttributeProto.AttributeType.INTS`.
+const ATTR_INTS: i32 = 7;
+/// `AttributeProto.AttributeType.STRINGS`.
+const ATTR_STRINGS: i32 = 8;
+/// `TensorProto.DataType.INT64`.
+const INT64: i32 = 7;
+/// `TensorProto.DataType.STRING`.
+const STRING: i32 = 8;
+/// The traditional-ML operator domain (`LabelEncoder`), for categorical inputs.
+pub const ML_DOMAIN: &str = "ai.onnx.ml";
+/// Its operator set version (`LabelEncoder`-2: `keys_strings` → `values_int64s`).
+pub const ML_OPSET_VERSION: i64 = 2;
+/// The texts kiln reads as a missing category (matched exactly: the graph does not trim or
+/// fold case beyond these spellings).
+const MISSING_TOKENS: [&str; 13] = [
+    "", "NaN", "nan", "NAN", "NA", "na", "Na", "null", "NULL", "Null", "N/A", "n/a", "None",
+];
 
 /// The subset of `onnx.proto3` kiln writes, as prost messages (field numbers from the ONNX
 /// specification). A proto3 `oneof` is declared as optional fields with the same numbers,
@@ -184,6 +202,9 @@ pub mod proto {
         /// Integer values.
         #[prost(int64, repeated, tag = "8")]
         pub ints: Vec<i64>,
+        /// String values.
+        #[prost(bytes = "vec", repeated, tag = "9")]
+        pub strings: Vec<Vec<u8>>,
     }
 
     /// `onnx.TensorProto` (data in `raw_data`, little-endian).
@@ -330,6 +351,141 @@ impl Builder {
         self.tensor(name, dims, DOUBLE, raw)
     }
 
+    fn i64s(&mut self, name: &str, dims: &[usize], v: &[i64]) -> String {
+        if !self.init.iter().any(|t| t.name == name) {
+            let raw = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            self.tensor(name, dims, INT64, raw);
+        }
+        name.to_string()
+    }
+
+    /// `LabelEncoder` (ai.onnx.ml): each string of `keys` → its index, anything else →
+    /// `default`.
+    fn label_encoder(&mut self, x: &str, keys: &[String], default: i64, out: &str) -> String {
+        let attr = |name: &str, r#type: i32| AttributeProto {
+            name: name.to_string(),
+            r#type,
+            ..Default::default()
+        };
+        self.nodes.push(NodeProto {
+            input: vec![x.to_string()],
+            output: vec![out.to_string()],
+            name: format!("{out}/LabelEncoder"),
+            op_type: "LabelEncoder".into(),
+            attribute: vec![
+                AttributeProto {
+                    strings: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+                    ..attr("keys_strings", ATTR_STRINGS)
+                },
+                AttributeProto {
+                    ints: (0..keys.len() as i64).collect(),
+                    ..attr("values_int64s", ATTR_INTS)
+                },
+                AttributeProto {
+                    i: default,
+                    ..attr("default_int64", ATTR_INT)
+                },
+            ],
+            doc_string: String::new(),
+            domain: ML_DOMAIN.into(),
+        });
+        out.to_string()
+    }
+
+    /// The preprocessing of a checkpoint whose inputs are raw columns: one graph input per
+    /// column (f32 `[batch]`, NaN = missing; string `[batch]` for a categorical one), the
+    /// network's `[batch, F]` inputs out (named `out`).
+    fn preprocess(&mut self, pre: &Preprocessing, out: &str) -> (String, Vec<ValueInfoProto>) {
+        let axes = self.i64s("pre.axes", &[1], &[1]);
+        let on_off = "pre.on_off".to_string();
+        let mut blocks = Vec::new();
+        let mut indicators = Vec::new();
+        let mut inputs = Vec::new();
+        for (i, c) in pre.inputs.iter().enumerate() {
+            let p = format!("pre.{i}");
+            match &c.categories {
+                None => {
+                    inputs.push(ValueInfoProto {
+                        name: c.name.clone(),
+                        r#type: tensor_type(FLOAT, &batch_by(0)[..1]),
+                        doc_string: match c.impute {
+                            Some(v) => format!("numeric column; NaN = missing, imputed as {v}"),
+                            None => "numeric column (NaN propagates: kiln refuses it)".into(),
+                        },
+                    });
+                    let col = self.node("Unsqueeze", &[&c.name, &axes], &format!("{p}.col"), &[]);
+                    let missing = (c.impute.is_some() || c.indicator)
+                        .then(|| self.node("IsNaN", &[&col], &format!("{p}.isnan"), &[]));
+                    let value = match (c.impute, &missing) {
+                        (Some(v), Some(m)) => {
+                            let k = self.f32s(&format!("{p}.impute"), &[], &[v as f32]);
+                            self.node("Where", &[m, &k, &col], &format!("{p}.value"), &[])
+                        }
+                        _ => col,
+                    };
+                    blocks.push(value);
+                    if c.indicator {
+                        let m = missing.expect("an indicator needs IsNaN");
+                        indicators.push(self.node(
+                            "Cast",
+                            &[&m],
+                            &format!("{p}.missing"),
+                            &[("to", FLOAT as i64)],
+                        ));
+                    }
+                }
+                Some(cats) => {
+                    inputs.push(ValueInfoProto {
+                        name: c.name.clone(),
+                        r#type: tensor_type(STRING, &batch_by(0)[..1]),
+                        doc_string: format!(
+                            "categorical column, {} values; any other text (and a missing one) sets none of its one-hot inputs",
+                            cats.len()
+                        ),
+                    });
+                    if !self.init.iter().any(|t| t.name == on_off) {
+                        self.f32s(&on_off, &[2], &[0.0, 1.0]);
+                    }
+                    let k = cats.len() as i64;
+                    let code = self.label_encoder(&c.name, cats, k, &format!("{p}.code"));
+                    let depth = self.i64s(&format!("{p}.depth"), &[1], &[k]);
+                    blocks.push(self.node(
+                        "OneHot",
+                        &[&code, &depth, &on_off],
+                        &format!("{p}.onehot"),
+                        &[("axis", -1)],
+                    ));
+                    if c.indicator {
+                        let tokens: Vec<String> =
+                            MISSING_TOKENS.iter().map(|t| t.to_string()).collect();
+                        // Index of a missing token, or len for anything else; ≠ len ⇒ missing.
+                        let n = tokens.len() as i64;
+                        let m = self.label_encoder(&c.name, &tokens, n, &format!("{p}.token"));
+                        let none = self.i64s(&format!("{p}.not_token"), &[], &[n]);
+                        let is = self.node("Equal", &[&m, &none], &format!("{p}.present"), &[]);
+                        let miss = self.node("Not", &[&is], &format!("{p}.absent"), &[]);
+                        let f = self.node(
+                            "Cast",
+                            &[&miss],
+                            &format!("{p}.missing1d"),
+                            &[("to", FLOAT as i64)],
+                        );
+                        indicators.push(self.node(
+                            "Unsqueeze",
+                            &[&f, &axes],
+                            &format!("{p}.missing"),
+                            &[],
+                        ));
+                    }
+                }
+            }
+        }
+        blocks.extend(indicators);
+        let refs: Vec<&str> = blocks.iter().map(String::as_str).collect();
+        let x = self.node("Concat", &refs, out, &[("axis", 1)]);
+        (x, inputs)
+    }
+
     /// Add a node with integer attributes; its one output is named `out`.
     fn node(&mut self, op: &str, inputs: &[&str], out: &str, ints: &[(&str, i64)]) -> String {
         self.nodes.push(NodeProto {
@@ -424,10 +580,24 @@ pub fn model_proto(ckpt: &Checkpoint) -> ModelProto {
     let (nf, k) = (w.arch.n_features, w.arch.n_targets);
     let mut b = Builder::default();
 
+    let pre = m.input_preprocessing();
+    let (x_in, graph_inputs) = if pre.is_plain() {
+        let input = ValueInfoProto {
+            name: FEATURES_INPUT.into(),
+            r#type: tensor_type(FLOAT, &batch_by(nf)),
+            doc_string: format!(
+                "features in original units: {}",
+                serde_json::to_string(&m.feature_names()).expect("names serialise")
+            ),
+        };
+        (FEATURES_INPUT.to_string(), vec![input])
+    } else {
+        b.preprocess(&pre, "pre.features")
+    };
     let x_norm = m.feature_affine();
     let shift = b.f32s("normalize.feature_mean", &[nf], &x_norm.shift);
     let scale = b.f32s("normalize.feature_inv_std", &[nf], &x_norm.scale);
-    let centred = b.node("Sub", &[FEATURES_INPUT, &shift], "normalize.centred", &[]);
+    let centred = b.node("Sub", &[&x_in, &shift], "normalize.centred", &[]);
     let mut h = b.node("Mul", &[&centred, &scale], "normalize", &[]);
 
     // The checkpoint's own tensor names (backbone layers, then the mean and log-variance heads).
@@ -472,6 +642,22 @@ pub fn model_proto(ckpt: &Checkpoint) -> ModelProto {
     if let Some(seal) = &m.manifest_sha256 {
         props.push(("manifest_sha256", seal.clone()));
     }
+    if !pre.is_plain() {
+        props.push((
+            "inputs",
+            serde_json::to_string(&pre.inputs).expect("inputs serialise"),
+        ));
+    }
+    let mut opset_import = vec![OperatorSetIdProto {
+        domain: String::new(),
+        version: OPSET_VERSION,
+    }];
+    if pre.has_categorical() {
+        opset_import.push(OperatorSetIdProto {
+            domain: ML_DOMAIN.into(),
+            version: ML_OPSET_VERSION,
+        });
+    }
     let doc = format!(
         "kiln regression network {nf} → {:?} → ({k} + {k}), {}: `{FEATURES_INPUT}` [batch, {nf}] \
          f32 in original units; `{MEAN_OUTPUT}` and `{STD_OUTPUT}` [batch, {k}] in original units \
@@ -481,10 +667,7 @@ pub fn model_proto(ckpt: &Checkpoint) -> ModelProto {
     );
     ModelProto {
         ir_version: IR_VERSION,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: OPSET_VERSION,
-        }],
+        opset_import,
         producer_name: "kiln".into(),
         producer_version: env!("CARGO_PKG_VERSION").into(),
         domain: String::new(),
@@ -495,11 +678,7 @@ pub fn model_proto(ckpt: &Checkpoint) -> ModelProto {
             name: format!("kiln-{}", m.run_id),
             initializer: b.init,
             doc_string: doc,
-            input: vec![ValueInfoProto {
-                name: FEATURES_INPUT.into(),
-                r#type: tensor_type(FLOAT, &batch_by(nf)),
-                doc_string: format!("features in original units: {}", names(&m.features)),
-            }],
+            input: graph_inputs,
             output: [MEAN_OUTPUT, STD_OUTPUT]
                 .iter()
                 .map(|&name| ValueInfoProto {

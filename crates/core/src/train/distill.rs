@@ -88,16 +88,18 @@ pub fn distill_loss<B: Backend>(
     mean_trainable: bool,
     out: RegressionOutput<B>,
     y_wide: Tensor<B, 2>,
+    w: Option<Tensor<B, 2>>,
 ) -> Tensor<B, 1> {
-    let [rows, w] = y_wide.dims();
-    let k = w / 3;
+    use super::stage::weighted_mean;
+    let [rows, width] = y_wide.dims();
+    let k = width / 3;
     let y = y_wide.clone().slice([0..rows, 0..k]);
     let t_mean = y_wide.clone().slice([0..rows, k..2 * k]);
     let t_std = y_wide.slice([0..rows, 2 * k..3 * k]);
     match loss {
         Loss::DistillMse => {
-            let on_y = (out.mean.clone() - y).powi_scalar(2).mean();
-            let on_t = (out.mean - t_mean).powi_scalar(2).mean();
+            let on_y = weighted_mean((out.mean.clone() - y).powi_scalar(2), w.as_ref());
+            let on_t = weighted_mean((out.mean - t_mean).powi_scalar(2), w.as_ref());
             on_y.mul_scalar(alpha) + on_t.mul_scalar(1.0 - alpha)
         }
         Loss::DistillNll => {
@@ -108,13 +110,14 @@ pub fn distill_loss<B: Backend>(
             };
             let lv = out.log_var;
             let second = (t_mean - mean).powi_scalar(2) + t_std.powi_scalar(2);
-            (lv.clone() + second * lv.neg().exp())
-                .mul_scalar(0.5)
-                .mean()
+            weighted_mean(
+                (lv.clone() + second * lv.neg().exp()).mul_scalar(0.5),
+                w.as_ref(),
+            )
         }
         other => {
             // An ordinary stage of a distillation run: the true targets only.
-            super::stage::stage_loss(other, mean_trainable, out, y)
+            super::stage::stage_loss(other, mean_trainable, out, y, w)
         }
     }
 }
@@ -203,14 +206,14 @@ mod tests {
         };
         // rows: [y, μ_T, σ_T] = [2, 0, 1], [1, 1, 2]
         let y = || t(vec![2.0, 0.0, 1.0, 1.0, 1.0, 2.0], 3);
-        let mse: f32 = distill_loss(Loss::DistillMse, 0.25, true, out(), y()).into_scalar();
+        let mse: f32 = distill_loss(Loss::DistillMse, 0.25, true, out(), y(), None).into_scalar();
         // α·mean((1−2)², (0−1)²) + (1−α)·mean((1−0)², (0−1)²) = 0.25 + 0.75
         assert!((mse - 1.0).abs() < 1e-6, "{mse}");
-        let nll: f32 = distill_loss(Loss::DistillNll, 0.25, false, out(), y()).into_scalar();
+        let nll: f32 = distill_loss(Loss::DistillNll, 0.25, false, out(), y(), None).into_scalar();
         // row 1: ½(0 + (1 + 1)/1) = 1; row 2: ½(ln 2 + (1 + 4)/2) = ½ ln 2 + 1.25
         let want = (1.0 + 0.5 * 2f32.ln() + 1.25) / 2.0;
         assert!((nll - want).abs() < 1e-6, "{nll} vs {want}");
-        let plain: f32 = distill_loss(Loss::Mse, 0.25, true, out(), y()).into_scalar();
+        let plain: f32 = distill_loss(Loss::Mse, 0.25, true, out(), y(), None).into_scalar();
         assert!((plain - 1.0).abs() < 1e-6, "true targets only: {plain}");
         let stats = vec![ColumnStats {
             name: "y".into(),

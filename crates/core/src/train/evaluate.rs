@@ -52,29 +52,45 @@ fn to_vec<B: Backend>(t: Tensor<B, 2>) -> Vec<f32> {
         .expect("f32 tensor data")
 }
 
-/// Mean squared error of the mean head, normalised units (the stage-1 loss).
-pub fn mse_normalised(pred: &SplitPredictions, y_raw: &[f32], y_norm: &Affine) -> f64 {
+/// Mean squared error of the mean head, normalised units (the stage-1 loss), weighted by
+/// `w` (one weight per row; `None`: equal).
+pub fn mse_normalised(
+    pred: &SplitPredictions,
+    y_raw: &[f32],
+    y_norm: &Affine,
+    w: Option<&[f64]>,
+) -> f64 {
     let k = y_norm.scale.len();
-    let mut sum = 0.0;
+    let (mut sum, mut total) = (0.0, 0.0);
     for (i, (&m, &y)) in pred.mean.iter().zip(y_raw).enumerate() {
         let j = i % k;
+        let wi = w.map_or(1.0, |w| w[i / k]);
         let yn = (y - y_norm.shift[j]) * y_norm.scale[j];
-        sum += ((m - yn) as f64).powi(2);
+        sum += wi * ((m - yn) as f64).powi(2);
+        total += wi;
     }
-    sum / pred.mean.len().max(1) as f64
+    sum / if total > 0.0 { total } else { 1.0 }
 }
 
-/// Gaussian NLL without the constant, normalised units (the stage-2 loss).
-pub fn nll_normalised(pred: &SplitPredictions, y_raw: &[f32], y_norm: &Affine) -> f64 {
+/// Gaussian NLL without the constant, normalised units (the stage-2 loss), weighted by `w`
+/// (one weight per row; `None`: equal).
+pub fn nll_normalised(
+    pred: &SplitPredictions,
+    y_raw: &[f32],
+    y_norm: &Affine,
+    w: Option<&[f64]>,
+) -> f64 {
     let k = y_norm.scale.len();
-    let mut sum = 0.0;
+    let (mut sum, mut total) = (0.0, 0.0);
     for (i, ((&m, &lv), &y)) in pred.mean.iter().zip(&pred.log_var).zip(y_raw).enumerate() {
         let j = i % k;
+        let wi = w.map_or(1.0, |w| w[i / k]);
         let yn = ((y - y_norm.shift[j]) * y_norm.scale[j]) as f64;
         let (m, lv) = (m as f64, lv as f64);
-        sum += crate::util::gaussian_nll(yn, m, lv);
+        sum += wi * crate::util::gaussian_nll(yn, m, lv);
+        total += wi;
     }
-    sum / pred.mean.len().max(1) as f64
+    sum / if total > 0.0 { total } else { 1.0 }
 }
 
 /// One target's row of the evaluation table (original units).
@@ -384,6 +400,9 @@ pub fn rows_sha256(split: &Subset) -> String {
     for v in &split.season {
         bytes.extend(v.to_le_bytes());
     }
+    for v in &split.w {
+        bytes.extend(v.to_bits().to_le_bytes());
+    }
     crate::util::sha256_hex(&bytes)
 }
 
@@ -590,6 +609,7 @@ mod tests {
             y: vec![3.0, 1.0],
             season: vec![2017, 2018],
             source_rows: vec![0, 1],
+            w: Vec::new(),
         };
         // Normalised mean 0.5 → original 2.0; residuals 1 and −1.
         let pred = SplitPredictions {

@@ -6,12 +6,14 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::distill::{normalised_predictions, side_by_side};
 use super::evaluate::{
-    EvalReport, evaluate, predict_split, residual_correlation, residual_variance, variance_scales,
+    EvalReport, evaluate_weighted, predict_split, residual_correlation, residual_variance,
+    variance_scales,
 };
 use super::job::{TrainError, TrainOutcome, Trained, io_err, summarise};
 use super::session::Session;
 use crate::artifact::{self, CalibrationInfo, DatasetInfo, HostWeights, Manifest};
 use crate::config::Calibration;
+use crate::data::Subset;
 use crate::observe::resources;
 use crate::observe::verdict::{self, Verdict};
 
@@ -36,8 +38,8 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
         let vpred = predict_split(&inner, &data.validation.x, &self.x_aff, device);
         let corr = residual_correlation(&vpred, &data.validation.y, &prep.y_stats);
         let persistence = prep.persistence_features();
-        let eval = |name: &str, pred: &_, split: &_| {
-            evaluate(
+        let eval = |name: &str, pred: &_, split: &Subset| {
+            evaluate_weighted(
                 name,
                 pred,
                 split,
@@ -45,6 +47,7 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
                 &prep.y_stats,
                 &persistence,
                 &const_var,
+                split.weights(),
             )
         };
         let mut weights = HostWeights::from_model(&inner);
@@ -53,7 +56,12 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
         let mut before: Option<EvalReport> = None;
         let mut calibration = None;
         if let Some(Calibration::VarianceScaling) = cfg.calibration {
-            let s2 = variance_scales(&vpred, &data.validation.y, &prep.y_stats, None);
+            let s2 = variance_scales(
+                &vpred,
+                &data.validation.y,
+                &prep.y_stats,
+                data.validation.weights(),
+            );
             if let Some((j, v)) = s2
                 .iter()
                 .enumerate()
@@ -96,7 +104,7 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
                     .predict(&data.test.x, data.test.rows())
                     .map_err(TrainError::Distill)?;
                 let tp = normalised_predictions(&m, &sd, &prep.y_stats);
-                let r = evaluate(
+                let r = evaluate_weighted(
                     "test",
                     &tp,
                     &data.test,
@@ -104,6 +112,7 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
                     &prep.y_stats,
                     &prep.persistence_features(),
                     &const_var,
+                    data.test.weights(),
                 );
                 self.reporter.line(&format!(
                     "student {} parameters; teacher {}\n{}",

@@ -2,7 +2,7 @@
 //! target normalisation, and the architecture.
 
 use crate::config::ExperimentConfig;
-use crate::data::dataset::fit_stats;
+use crate::data::dataset::fit_stats_weighted;
 use crate::data::{ColumnStats, DataError, Dataset};
 use crate::model::RegressionNetConfig;
 
@@ -32,8 +32,9 @@ impl Prepared {
             t.season.extend_from_slice(&v.season);
             t.source_rows.extend_from_slice(&v.source_rows);
         }
-        let x_stats = fit_stats(&data.features, &data.train.x);
-        let y_stats = fit_stats(&data.targets, &data.train.y);
+        let w = data.train.weights();
+        let x_stats = fit_stats_weighted(&data.features, &data.train.x, w);
+        let y_stats = fit_stats_weighted(&data.targets, &data.train.y, w);
         let arch = RegressionNetConfig {
             n_features: data.n_features(),
             hidden: cfg.model.hidden.clone(),

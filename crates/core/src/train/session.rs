@@ -140,7 +140,8 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         };
         let source = Arc::new(
             BatchSource::new(data.train.x.clone(), train_y, x_aff.clone(), train_y_aff)
-                .with_transform_passes(cfg.data.transform_passes),
+                .with_transform_passes(cfg.data.transform_passes)
+                .with_weights(data.train.weights()),
         );
         let loader = Loader::new(source, spec);
         let mut model: RegressionNet<B> = arch.init(cfg.seed, device);
@@ -379,6 +380,8 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             let Some(batch) = batch else { break };
             let t1 = Instant::now();
             let rows = batch.rows;
+            let w = (!batch.w.is_empty())
+                .then(|| Tensor::<B, 2>::from_data(TensorData::new(batch.w, [rows, 1]), &device));
             let (x, y) = {
                 let _s = crate::prof_span!("h2d", shape = ?[rows, nf]).entered();
                 let x = Tensor::<B, 2>::from_data(TensorData::new(batch.x, [rows, nf]), &device);
@@ -397,9 +400,9 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             let (loss, loss_value) = {
                 let _s = crate::prof_span!("loss").entered();
                 let loss = if y.dims()[1] > nt {
-                    distill_loss(stage.loss, alpha, mean_trainable, out, y)
+                    distill_loss(stage.loss, alpha, mean_trainable, out, y, w)
                 } else {
-                    stage_loss(stage.loss, mean_trainable, out, y)
+                    stage_loss(stage.loss, mean_trainable, out, y, w)
                 };
                 let v: f64 = loss.clone().into_scalar().elem::<f64>();
                 (loss, v)
@@ -478,12 +481,18 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             let vpred = predict_split(&inner, &data.validation.x, &self.x_aff, &device);
             // Against the true targets, also in distillation stages.
             match stage.loss {
-                Loss::Mse | Loss::DistillMse => {
-                    mse_normalised(&vpred, &data.validation.y, &self.y_aff)
-                }
-                Loss::GaussianNll | Loss::DistillNll => {
-                    nll_normalised(&vpred, &data.validation.y, &self.y_aff)
-                }
+                Loss::Mse | Loss::DistillMse => mse_normalised(
+                    &vpred,
+                    &data.validation.y,
+                    &self.y_aff,
+                    data.validation.weights(),
+                ),
+                Loss::GaussianNll | Loss::DistillNll => nll_normalised(
+                    &vpred,
+                    &data.validation.y,
+                    &self.y_aff,
+                    data.validation.weights(),
+                ),
             }
         };
         let validation_s = tv.elapsed().as_secs_f64();

@@ -62,17 +62,28 @@ pub fn adamw(stage: &StageConfig) -> AdamWConfig {
         .with_weight_decay(o.weight_decay as f32)
 }
 
-/// The stage's loss on a batch (normalised units). The distillation losses, given no teacher
-/// targets (`y` is `rows × k`), reduce to their true-target parts: MSE and Gaussian NLL (see
+/// The mean of per-element losses `l` (`rows × k`), each row weighted by `w` (`rows × 1`,
+/// the batch's sample weights normalised to mean 1 over the training split; `None`: equal).
+pub fn weighted_mean<B: Backend>(l: Tensor<B, 2>, w: Option<&Tensor<B, 2>>) -> Tensor<B, 1> {
+    match w {
+        None => l.mean(),
+        Some(w) => (l * w.clone()).mean(),
+    }
+}
+
+/// The stage's loss on a batch (normalised units), rows weighted by `w` (see
+/// [`weighted_mean`]). The distillation losses, given no teacher targets (`y` is
+/// `rows × k`), reduce to their true-target parts: MSE and Gaussian NLL (see
 /// [`super::distill::distill_loss`] for the real thing).
 pub fn stage_loss<B: Backend>(
     loss: Loss,
     mean_trainable: bool,
     out: RegressionOutput<B>,
     y: Tensor<B, 2>,
+    w: Option<Tensor<B, 2>>,
 ) -> Tensor<B, 1> {
     match loss {
-        Loss::Mse | Loss::DistillMse => (out.mean - y).powi_scalar(2).mean(),
+        Loss::Mse | Loss::DistillMse => weighted_mean((out.mean - y).powi_scalar(2), w.as_ref()),
         Loss::GaussianNll | Loss::DistillNll => {
             let mean = if mean_trainable {
                 out.mean
@@ -80,9 +91,10 @@ pub fn stage_loss<B: Backend>(
                 out.mean.detach()
             };
             let lv = out.log_var;
-            (lv.clone() + (y - mean).powi_scalar(2) * lv.neg().exp())
-                .mul_scalar(0.5)
-                .mean()
+            weighted_mean(
+                (lv.clone() + (y - mean).powi_scalar(2) * lv.neg().exp()).mul_scalar(0.5),
+                w.as_ref(),
+            )
         }
     }
 }
@@ -163,7 +175,7 @@ mod tests {
         let m = set_trainable(arch.init::<B>(1, &d), &[Part::LogvarHead]);
         let out = m.forward(Tensor::ones([4, 20], &d));
         let y = Tensor::zeros([4, 3], &d);
-        let loss = stage_loss(Loss::GaussianNll, false, out, y);
+        let loss = stage_loss(Loss::GaussianNll, false, out, y, None);
         let mut g = loss.backward();
         let all = part_param_ids(&m, &[Part::Backbone, Part::MeanHead, Part::LogvarHead]);
         let grads = GradientsParams::from_params(&mut g, &m, &all);

@@ -251,7 +251,10 @@ impl ModelSpec {
     ) -> Result<ModelInput, ProtocolError> {
         let given = self.take(inputs, model)?;
         match &self.kind {
-            ModelKind::Regression(c) => regression::decode(c, given[0], max_batch),
+            ModelKind::Regression(c) => match c.manifest.preprocessing.as_ref() {
+                Some(pre) if !pre.is_plain() => regression::decode_columns(pre, &given, max_batch),
+                _ => regression::decode(c, given[0], max_batch),
+            },
             ModelKind::Pick(p) => pick::decode(p, &given, max_batch),
         }
     }

@@ -1,5 +1,10 @@
 //! The regression model: a checkpoint served as FP32 `features` `[B, F]` → FP32 `mean` and
 //! `std` `[B, k]` in original units, as `kiln predict` computes them.
+//!
+//! A checkpoint whose inputs are not plain numbers (categorical columns, imputed columns,
+//! missing indicators) takes one input per raw column instead — FP32 `[B]` for a numeric
+//! column (NaN = missing), BYTES `[B]` for a categorical one (an empty string = missing) —
+//! and applies the checkpoint's preprocessing exactly as `kiln predict` does on a file.
 
 use std::sync::Arc;
 
@@ -25,11 +30,41 @@ impl ModelSpec {
     pub fn regression(ckpt: Arc<Checkpoint>) -> Self {
         let f = ckpt.manifest.features.len() as i64;
         let k = ckpt.manifest.targets.len() as i64;
-        let mut input = TensorSpec::new(FEATURES_INPUT, Datatype::Fp32, &[-1, f]);
-        input.parameters.insert(
-            "feature_names".into(),
-            Value::String(ckpt.manifest.feature_names().join(",")),
-        );
+        let pre = ckpt.manifest.input_preprocessing();
+        let inputs = if pre.is_plain() {
+            let mut input = TensorSpec::new(FEATURES_INPUT, Datatype::Fp32, &[-1, f]);
+            input.parameters.insert(
+                "feature_names".into(),
+                Value::String(ckpt.manifest.feature_names().join(",")),
+            );
+            vec![input]
+        } else {
+            pre.inputs
+                .iter()
+                .map(|c| {
+                    let dt = if c.categories.is_some() {
+                        Datatype::Bytes
+                    } else {
+                        Datatype::Fp32
+                    };
+                    let mut t = TensorSpec::new(&c.name, dt, &[-1]);
+                    let missing = if !c.accepts_missing() {
+                        "refused"
+                    } else if c.categories.is_some() {
+                        "an empty string; goes to the unknown bucket"
+                    } else {
+                        "NaN; imputed"
+                    };
+                    t.parameters
+                        .insert("missing".into(), Value::String(missing.into()));
+                    if let Some(cats) = &c.categories {
+                        t.parameters
+                            .insert("categories".into(), Value::from(cats.len()));
+                    }
+                    t
+                })
+                .collect()
+        };
         let mut mean = TensorSpec::new("mean", Datatype::Fp32, &[-1, k]);
         let mut std = TensorSpec::new("std", Datatype::Fp32, &[-1, k]);
         let targets = Value::String(ckpt.manifest.target_names().join(","));
@@ -42,7 +77,7 @@ impl ModelSpec {
         }
         Self {
             kind: ModelKind::Regression(ckpt),
-            inputs: vec![input],
+            inputs,
             outputs: vec![mean, std],
         }
     }
@@ -69,11 +104,74 @@ impl ModelSpec {
 pub(super) fn describe(c: &Checkpoint) -> Value {
     json!({
         "features": c.manifest.features,
+        "preprocessing": c.manifest.preprocessing.as_ref().map(|p| &p.inputs),
         "targets": c.manifest.targets,
         "architecture": c.manifest.architecture,
         "weights_sha256": c.manifest.weights.sha256,
         "run_id": c.manifest.run_id,
     })
+}
+
+/// Decode one input per raw column through the checkpoint's preprocessing (`given` in the
+/// order of the preprocessing's inputs).
+pub(super) fn decode_columns(
+    pre: &kiln_core::data::preprocess::Preprocessing,
+    given: &[&InputTensor],
+    max_batch: usize,
+) -> Result<ModelInput, ProtocolError> {
+    use kiln_core::data::preprocess::RawValue;
+    let rows = match given.first() {
+        Some(t) if matches!(t.shape.as_slice(), [_] | [_, 1]) => t.shape[0],
+        Some(t) => {
+            return Err(ProtocolError(format!(
+                "input `{}` has shape {:?}; expected [-1] (one value per row) or [-1, 1]",
+                t.name, t.shape
+            )));
+        }
+        None => return Err(ProtocolError("request has no inputs".into())),
+    };
+    check_batch(&given[0].name, rows, max_batch)?;
+    enum Column<'a> {
+        Numbers(Vec<f32>),
+        Text(&'a [String]),
+    }
+    let mut columns = Vec::with_capacity(given.len());
+    for (t, col) in given.iter().zip(&pre.inputs) {
+        if !matches!(t.shape.as_slice(), [r] | [r, 1] if *r == rows) {
+            return Err(ProtocolError(format!(
+                "input `{}` has shape {:?}; expected [{rows}] like input `{}` (one value per row)",
+                t.name, t.shape, given[0].name
+            )));
+        }
+        columns.push(if col.categories.is_some() {
+            if t.datatype != Datatype::Bytes {
+                return Err(ProtocolError(format!(
+                    "input `{}` has datatype {}; expected BYTES (a categorical column: send its values as strings)",
+                    t.name, t.datatype
+                )));
+            }
+            Column::Text(t.to_strings()?)
+        } else {
+            Column::Numbers(t.to_f32_with_nan()?)
+        });
+    }
+    let mut x = Vec::with_capacity(rows * pre.n_features());
+    let mut values = Vec::with_capacity(columns.len());
+    for r in 0..rows {
+        values.clear();
+        values.extend(columns.iter().map(|c| match c {
+            Column::Numbers(v) if v[r].is_nan() => RawValue::Missing,
+            Column::Numbers(v) => RawValue::Number(v[r] as f64),
+            Column::Text(s) if s[r].trim().is_empty() => RawValue::Missing,
+            Column::Text(s) => RawValue::Text(&s[r]),
+        }));
+        let locate = |column: &str, message: String| {
+            kiln_core::data::DataError::Other(format!("input `{column}` row {r}: {message}"))
+        };
+        pre.push_values(&values, &mut x, &locate, None)
+            .map_err(|e| ProtocolError(e.to_string()))?;
+    }
+    Ok(ModelInput::Regression { x, rows })
 }
 
 /// Check the `features` input against the checkpoint and decode its rows.

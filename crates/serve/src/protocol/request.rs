@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::tensor::{InputData, InputTensor, JsonData};
+use super::tensor::{InputData, InputTensor, JsonData, parse_bytes_elements};
 use super::{Datatype, ProtocolError, check_counts, check_name, err};
 
 #[derive(Deserialize)]
@@ -156,17 +156,32 @@ impl InferRequest {
                     ));
                 }
                 (Some(d), None) => {
-                    if d.values.len() != count {
+                    if d.len() != count {
                         return err(format!(
                             "input `{name}` has {} data elements but shape {shape:?} needs {count}",
-                            d.values.len()
+                            d.len()
                         ));
                     }
-                    InputData::Json(d)
+                    json_input(&name, datatype, d)?
                 }
                 (None, Some(n)) => {
                     if datatype == Datatype::Bytes {
-                        return err(format!("input `{name}`: BYTES tensors are not supported"));
+                        if offset + n > body.len() {
+                            return err(format!(
+                                "input `{name}` needs {n} bytes of binary data at offset {offset}, but the body has {} bytes (is the Inference-Header-Content-Length header set?)",
+                                body.len()
+                            ));
+                        }
+                        let strings =
+                            parse_bytes_elements(&name, &body[offset..offset + n], count)?;
+                        offset += n;
+                        inputs.push(InputTensor {
+                            name,
+                            datatype,
+                            shape,
+                            data: InputData::Strings(strings),
+                        });
+                        continue;
                     }
                     let size = datatype.size().expect("fixed-size datatype");
                     if n != count * size {
@@ -238,6 +253,29 @@ impl InferRequest {
             binary_data_output,
         })
     }
+}
+
+/// A JSON (or typed gRPC) tensor's elements as input data: a BYTES tensor must hold only
+/// strings, any other datatype none.
+pub(crate) fn json_input(
+    name: &str,
+    datatype: Datatype,
+    d: JsonData,
+) -> Result<InputData, ProtocolError> {
+    if datatype == Datatype::Bytes {
+        if !d.values.is_empty() {
+            return err(format!(
+                "input `{name}` of datatype BYTES has number or boolean elements; expected strings"
+            ));
+        }
+        return Ok(InputData::Strings(d.strings));
+    }
+    if !d.strings.is_empty() {
+        return err(format!(
+            "input `{name}` of datatype {datatype} has string elements; expected numbers"
+        ));
+    }
+    Ok(InputData::Json(d))
 }
 
 /// The checks every input tensor's header gets, whichever protocol carried it (JSON here,

@@ -18,6 +18,20 @@ pub struct JsonData {
     pub has_bool: bool,
     /// Whether any element was a number.
     pub has_number: bool,
+    /// String elements (a BYTES tensor's), in order.
+    pub strings: Vec<String>,
+}
+
+impl JsonData {
+    /// Element count (numbers, booleans and strings).
+    pub fn len(&self) -> usize {
+        self.values.len() + self.strings.len()
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl<'de> Deserialize<'de> for JsonData {
@@ -32,7 +46,7 @@ impl<'de> Deserialize<'de> for JsonData {
         impl<'de> Visitor<'de> for Flatten<'_> {
             type Value = ();
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("numbers or booleans, flat or in nested arrays")
+                f.write_str("numbers, booleans or strings, flat or in nested arrays")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
                 if let Some(n) = seq.size_hint() {
@@ -57,10 +71,9 @@ impl<'de> Deserialize<'de> for JsonData {
                 self.0.values.push(if v { 1.0 } else { 0.0 });
                 Ok(())
             }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
-                Err(E::custom(
-                    "string elements (BYTES tensors) are not supported; send numbers",
-                ))
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+                self.0.strings.push(v.to_string());
+                Ok(())
             }
             fn visit_unit<E: de::Error>(self) -> Result<(), E> {
                 Err(E::custom("null is not a tensor element; send numbers"))
@@ -84,6 +97,54 @@ pub enum InputData {
     Json(JsonData),
     /// Raw little-endian bytes from the binary part of the body.
     Binary(Bytes),
+    /// A BYTES tensor's elements (UTF-8 text), from any of the encodings.
+    Strings(Vec<String>),
+}
+
+/// A BYTES tensor's binary form — each element a 4-byte little-endian length, then that
+/// many bytes — as `count` UTF-8 strings. `name` is the input's, for messages.
+pub fn parse_bytes_elements(
+    name: &str,
+    b: &[u8],
+    count: usize,
+) -> Result<Vec<String>, ProtocolError> {
+    let mut out = Vec::with_capacity(count.min(b.len() / 4));
+    let mut at = 0usize;
+    while at < b.len() {
+        if b.len() - at < 4 {
+            return err(format!(
+                "input `{name}`: BYTES element {} has a truncated length prefix (each element is a 4-byte little-endian length, then its bytes)",
+                out.len()
+            ));
+        }
+        let n = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize;
+        at += 4;
+        if n > b.len() - at {
+            return err(format!(
+                "input `{name}`: BYTES element {} says {n} bytes but only {} remain",
+                out.len(),
+                b.len() - at
+            ));
+        }
+        let s = std::str::from_utf8(&b[at..at + n]).map_err(|_| {
+            ProtocolError(format!(
+                "input `{name}`: BYTES element {} is not UTF-8 text",
+                out.len()
+            ))
+        })?;
+        out.push(s.to_string());
+        at += n;
+        if out.len() > count {
+            break;
+        }
+    }
+    if out.len() != count {
+        return err(format!(
+            "input `{name}` has {} BYTES elements but its shape needs {count}",
+            out.len()
+        ));
+    }
+    Ok(out)
 }
 
 /// One input tensor of a request.
@@ -121,6 +182,12 @@ impl InputTensor {
     }
 
     fn json_numbers(&self, d: &JsonData) -> Result<(), ProtocolError> {
+        if !d.strings.is_empty() {
+            return err(format!(
+                "input `{}` of datatype {} has string elements; expected numbers",
+                self.name, self.datatype
+            ));
+        }
         if d.has_bool {
             return err(format!(
                 "input `{}` of datatype {} has boolean elements; expected numbers",
@@ -139,8 +206,25 @@ impl InputTensor {
         ))
     }
 
+    fn not_strings(&self) -> ProtocolError {
+        ProtocolError(format!(
+            "input `{}` of datatype {} carries BYTES elements",
+            self.name, self.datatype
+        ))
+    }
+
     /// Decode an FP32 tensor; every element must be finite.
     pub fn to_f32(&self) -> Result<Vec<f32>, ProtocolError> {
+        let v = self.to_f32_with_nan()?;
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(self.non_finite(i, v[i] as f64));
+        }
+        Ok(v)
+    }
+
+    /// Decode an FP32 tensor whose NaN elements mean "missing" (a raw input column of a
+    /// model that imputes it); ±∞ is refused.
+    pub fn to_f32_with_nan(&self) -> Result<Vec<f32>, ProtocolError> {
         self.expect_type(Datatype::Fp32)?;
         let v: Vec<f32> = match &self.data {
             InputData::Json(d) => {
@@ -151,11 +235,24 @@ impl InputTensor {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
+            InputData::Strings(_) => return Err(self.not_strings()),
         };
-        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        if let Some(i) = v.iter().position(|x| x.is_infinite()) {
             return Err(self.non_finite(i, v[i] as f64));
         }
         Ok(v)
+    }
+
+    /// Decode a BYTES tensor as UTF-8 strings.
+    pub fn to_strings(&self) -> Result<&[String], ProtocolError> {
+        self.expect_type(Datatype::Bytes)?;
+        match &self.data {
+            InputData::Strings(s) => Ok(s),
+            _ => err(format!(
+                "input `{}` of datatype BYTES has no string elements",
+                self.name
+            )),
+        }
     }
 
     /// Decode an FP64 tensor; every element must be finite.
@@ -170,6 +267,7 @@ impl InputTensor {
                 .chunks_exact(8)
                 .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect(),
+            InputData::Strings(_) => return Err(self.not_strings()),
         };
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
             return Err(self.non_finite(i, v[i]));
@@ -202,6 +300,7 @@ impl InputTensor {
                 .chunks_exact(4)
                 .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect()),
+            InputData::Strings(_) => Err(self.not_strings()),
         }
     }
 
@@ -230,6 +329,7 @@ impl InputTensor {
                     )),
                 })
                 .collect(),
+            InputData::Strings(_) => Err(self.not_strings()),
         }
     }
 }
