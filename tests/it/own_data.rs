@@ -26,9 +26,10 @@ fn stdout(o: &std::process::Output) -> String {
 const STORES: [&str; 5] = ["north", "south", "east", "west", "depot"];
 
 /// A shop table: one row per store and day for 300 days from 2021-01-01; `units` depends on
-/// the store, the kind (integer codes 1–3) and the price; 1 price in 17 is missing; weights
-/// 1 (2 on Sundays).
-fn shop_table(path: &Path) {
+/// the store, the kind (integer codes 1–3) and the price; 1 price in 17 and 1 store in 23
+/// are missing; weights 1 (2 on Sundays). With `garbage`, every fifth row of the first 240
+/// days (the training split) has `units` 1000 and weight 0.
+fn shop_table(path: &Path, garbage: bool) {
     let mut s = String::from("day,store,kind,price,w,units\n");
     let mut state = 12345u64;
     let mut next = || {
@@ -49,7 +50,15 @@ fn shop_table(path: &Path) {
             } else {
                 format!("{price:.3}")
             };
-            let w = if d % 7 == 2 { 2 } else { 1 };
+            let (mut w, mut units) = (if d % 7 == 2 { 2 } else { 1 }, units);
+            if garbage && d < 240 && (d as usize + 2 * k) % 5 == 3 {
+                (w, units) = (0, 1000.0);
+            }
+            let store = if (d as usize * 5 + k) % 23 == 5 {
+                ""
+            } else {
+                store
+            };
             s.push_str(&format!(
                 "{day},{store},{kind},{price_text},{w},{units:.4}\n"
             ));
@@ -70,6 +79,7 @@ data:
   weight: w
   missing:
     columns:
+      store: {{impute: median, indicator: true}}
       price: {{impute: median, indicator: true}}
   split:
     column: day
@@ -103,7 +113,7 @@ export:
 }
 
 /// Rows to predict: every store, a store training never saw, a missing price.
-const QUERY: [(&str, &str, &str); 7] = [
+const QUERY: [(&str, &str, &str); 8] = [
     ("north", "1", "2.5"),
     ("south", "2", "2.5"),
     ("east", "3", "7.25"),
@@ -111,6 +121,7 @@ const QUERY: [(&str, &str, &str); 7] = [
     ("depot", "2", "4"),
     ("harbour", "3", "4"),
     ("east", "2", ""),
+    ("", "1", "3"),
 ];
 
 fn predict_rows(ckpt: &str, dir: &Path) -> Vec<(f32, f32)> {
@@ -213,7 +224,7 @@ fn export_dir_of(train_stdout: &str) -> String {
 async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("shop.csv");
-    shop_table(&data);
+    shop_table(&data, false);
     let cfg = shop_config(tmp.path(), &data);
     let cfg_s = cfg.to_str().unwrap();
 
@@ -225,7 +236,7 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
         "features: store categorical (5 values), kind categorical (3 values), price numeric",
         "sample weights `w`",
         "1200 train / 150 validation / 150 test rows",
-        "network inputs (10): store=depot, store=east, store=north, store=south, store=west, kind=1, kind=2, kind=3, price, price_missing",
+        "network inputs (11): store=depot, store=east, store=north, store=south, store=west, kind=1, kind=2, kind=3, price, store_missing, price_missing",
     ] {
         assert!(report.contains(want), "{want:?} not in:\n{report}");
     }
@@ -309,6 +320,10 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
         &pred[..6],
         "HTTP JSON answers like kiln predict"
     );
+    assert_eq!(
+        answered[7], pred[7],
+        "an empty string is a missing category"
+    );
 
     // HTTP binary: BYTES elements length-prefixed, FP32 with NaN for the missing price.
     let (sb, kb) = (
@@ -363,7 +378,7 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
     let r = c.post_json("/v2/models/shop/infer", &bad).await.unwrap();
     assert_eq!(r.status, 400);
     assert!(
-        r.text().contains("expected [7] like input `store`"),
+        r.text().contains("expected [8] like input `store`"),
         "{}",
         r.text()
     );
@@ -446,7 +461,8 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(
-        e.message().contains("input `store`: BYTES element 6 says"),
+        e.message()
+            .contains("input `store`: BYTES element 7 has a truncated length prefix"),
         "{}",
         e.message()
     );
@@ -475,6 +491,41 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
     assert!(model.opset_import.iter().any(|o| o.domain == "ai.onnx.ml"));
 }
 
+/// Rows of weight 0 move neither the loss nor the normalisation: with a fifth of the training
+/// rows' targets replaced by 1000 at weight 0, the model still learns the table.
+#[test]
+fn rows_of_weight_zero_do_not_move_the_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("shop.csv");
+    shop_table(&data, true);
+    let cfg = shop_config(tmp.path(), &data);
+    let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ckpt = export_dir_of(&stdout(&o));
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(Path::new(&ckpt).join("manifest.json")).unwrap())
+            .unwrap();
+    let units = &manifest["targets"][0];
+    // Unweighted, the garbage would put the training mean near 200.
+    let mean = units["mean"].as_f64().unwrap();
+    assert!((0.0..40.0).contains(&mean), "target mean {mean}: {units}");
+    let pred = predict_rows(&ckpt, tmp.path());
+    let truth =
+        |store: usize, kind: f64, price: f64| 10.0 * store as f64 - 1.5 * price + 4.0 * kind;
+    for (row, store, kind, price) in [
+        (0usize, 0usize, 1.0, 2.5),
+        (3, 3, 1.0, 9.0),
+        (4, 4, 2.0, 4.0),
+    ] {
+        let want = truth(store, kind, price);
+        assert!(
+            (pred[row].0 as f64 - want).abs() < 3.0,
+            "row {row}: predicted {} for truth {want}: {pred:?}",
+            pred[row].0
+        );
+    }
+}
+
 /// ONNX Runtime runs the exported graph of a categorical model on raw columns (strings, NaN)
 /// and answers like `kiln predict`.
 #[test]
@@ -486,7 +537,7 @@ fn onnx_runtime_runs_the_preprocessing_like_kiln_predict() {
     );
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("shop.csv");
-    shop_table(&data);
+    shop_table(&data, false);
     let cfg = shop_config(tmp.path(), &data);
     let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -551,7 +602,7 @@ fn tritonclient_sends_raw_bytes_columns() {
     );
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("shop.csv");
-    shop_table(&data);
+    shop_table(&data, false);
     let cfg = shop_config(tmp.path(), &data);
     let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
     assert!(o.status.success(), "{}", stderr(&o));
