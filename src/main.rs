@@ -124,7 +124,7 @@ enum Command {
     },
     /// Write a commented starter config for a table: `kiln init --data FILE --target COL…`.
     Init {
-        /// The table (CSV, optionally gzip-compressed).
+        /// The table: CSV (optionally gzip-compressed) or Parquet.
         #[arg(long)]
         data: PathBuf,
         /// Target columns (repeat or comma-separate).

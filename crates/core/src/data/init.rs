@@ -51,6 +51,22 @@ fn kind(table: &CsvTable, j: usize) -> Kind {
     k
 }
 
+/// A column name as YAML: plain when it is a simple word, else double-quoted.
+fn yaml_name(n: &str) -> String {
+    let plain = !n.is_empty()
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && !n.starts_with(['-', '.'])
+        && !["true", "false", "null", "yes", "no", "on", "off", "~"]
+            .contains(&n.to_ascii_lowercase().as_str())
+        && n.parse::<f64>().is_err();
+    if plain {
+        n.to_string()
+    } else {
+        serde_json::to_string(n).expect("a string serialises")
+    }
+}
+
 /// Build a starter config for the table at `data` predicting `targets`; `data` is written
 /// into the config as given.
 pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataError> {
@@ -74,13 +90,18 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
     let mut categorical = Vec::new();
     let mut date: Option<String> = None;
     let mut missing = 0usize;
+    let mut holes: Vec<String> = Vec::new();
     for (j, name) in table.header.iter().enumerate() {
         if targets.contains(name) {
             continue;
         }
         match kind(&table, j) {
             Kind::Numeric => {
-                missing += table.rows.iter().filter(|r| is_missing(&r[j])).count();
+                let n = table.rows.iter().filter(|r| is_missing(&r[j])).count();
+                if n > 0 {
+                    holes.push(name.clone());
+                }
+                missing += n;
                 features.push(name.clone());
             }
             Kind::Date if date.is_none() => date = Some(name.clone()),
@@ -105,6 +126,9 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
                         values.len()
                     ));
                 } else {
+                    if present < table.rows.len() {
+                        holes.push(name.clone());
+                    }
                     missing += table.rows.len() - present;
                     features.push(name.clone());
                     categorical.push(name.clone());
@@ -143,7 +167,12 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
             }
         })
         .collect();
-    let list = |v: &[String]| v.join(", ");
+    let list = |v: &[String]| {
+        v.iter()
+            .map(|n| yaml_name(n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let mut y = String::new();
     writeln!(
         y,
@@ -179,16 +208,30 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         .unwrap();
         writeln!(
             y,
-            "  # training median and tell the network where they were. Or: error, drop_row."
+            "  # training median (a category: the unknown bucket), and tell the network where they"
         )
         .unwrap();
         writeln!(
             y,
-            "  missing:\n    default: {{impute: median, indicator: true}}"
+            "  # were in the columns that have holes now. Other policies: error, drop_row."
         )
         .unwrap();
+        writeln!(
+            y,
+            "  missing:\n    default: {{impute: median}}\n    columns:"
+        )
+        .unwrap();
+        for h in &holes {
+            writeln!(
+                y,
+                "      {}: {{impute: median, indicator: true}}",
+                yaml_name(h)
+            )
+            .unwrap();
+        }
         notes.push(format!(
-            "{missing} missing feature cells: median imputation with indicators"
+            "{missing} missing feature cells: median imputation everywhere, indicators for {}",
+            holes.join(", ")
         ));
     }
     writeln!(y, "  split:").unwrap();
@@ -215,7 +258,8 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
             writeln!(y, "    # A duration also works: {{last: 30d}}.").unwrap();
             writeln!(
                 y,
-                "    column: {d}\n    validation: {{last: {k}}}\n    test: {{last: {k}}}"
+                "    column: {}\n    validation: {{last: {k}}}\n    test: {{last: {k}}}",
+                yaml_name(d)
             )
             .unwrap();
             notes.push(format!(
@@ -234,7 +278,7 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         }
     }
     y.push_str(
-        "model:\n  hidden: [32, 32]\nloader:\n  batch_size: 64\n  num_workers: 0\nstages:\n  # The mean head first, then the variance head on the frozen mean.\n  - name: mean\n    trainable: [backbone, mean_head]\n    loss: mse\n    epochs: 30\n    optimizer: {lr: 3.0e-3}\n  - name: variance\n    trainable: [logvar_head]\n    loss: gaussian_nll\n    epochs: 10\n    optimizer: {lr: 3.0e-3, weight_decay: 0.0}\nexport:\n  dir: checkpoints\n",
+        "model:\n  hidden: [32, 32]\nloader:\n  batch_size: 64\n  num_workers: 0\nstages:\n  # The mean head first, then the variance head on the frozen mean.\n  - name: mean\n    trainable: [backbone, mean_head]\n    loss: mse\n    epochs: 30\n    optimizer: {lr: 3.0e-3}\n  - name: variance\n    trainable: [logvar_head]\n    loss: gaussian_nll\n    epochs: 30\n    optimizer: {lr: 3.0e-3, weight_decay: 0.0}\nexport:\n  dir: checkpoints\n",
     );
     Ok(Starter { yaml: y, notes })
 }
@@ -281,7 +325,7 @@ mod tests {
         let cfg = crate::config::parse(&s.yaml, Path::new("init.yaml")).unwrap();
         assert_eq!(cfg.name, "shop_sales");
         let d = crate::data::Dataset::load(&cfg.data).unwrap();
-        // The starter's default policy (median with an indicator) covers every feature.
+        // The starter imputes every feature; only the column with holes gets an indicator.
         assert_eq!(
             d.features,
             vec![
@@ -290,8 +334,6 @@ mod tests {
                 "store=s2",
                 "price",
                 "promo",
-                "store_missing",
-                "price_missing",
                 "promo_missing"
             ]
         );
@@ -305,6 +347,22 @@ mod tests {
         let s = starter_config(&p, &["y".into()]).unwrap();
         assert!(s.yaml.contains("by: random"), "{}", s.yaml);
         crate::config::parse(&s.yaml, Path::new("init.yaml")).unwrap();
+        // Names that are not plain YAML words are quoted.
+        std::fs::write(
+            &p,
+            "unit price,yes,2020,y\n1,2,3,4\n4,5,6,7\n7,8,9,1\n1,1,,1\n2,2,2,2\n3,3,3,3\n4,4,4,4\n",
+        )
+        .unwrap();
+        let s = starter_config(&p, &["y".into()]).unwrap();
+        assert!(
+            s.yaml
+                .contains("features: [\"unit price\", \"yes\", \"2020\"]"),
+            "{}",
+            s.yaml
+        );
+        let cfg = crate::config::parse(&s.yaml, Path::new("init.yaml")).unwrap();
+        assert_eq!(cfg.data.features, vec!["unit price", "yes", "2020"]);
+        assert!(cfg.data.missing.columns.contains_key("2020"));
         let e = starter_config(&p, &["nope".into()])
             .unwrap_err()
             .to_string();
