@@ -1,4 +1,5 @@
-//! Parquet → the same text cells a CSV file gives ([`CsvTable`]), so that splits, missing
+//! Parquet → the same text cells a CSV file gives (the header and rows from which
+//! [`CsvTable`](super::table::CsvTable) is built), so that splits, missing
 //! values, categorical columns and every message work the same for both formats.
 //!
 //! Each leaf column is read with Parquet's typed column readers (no Arrow), and each value is
@@ -21,7 +22,6 @@ use parquet::data_type::DataType;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnDescPtr;
 
-use super::table::{CsvTable, DataError};
 use crate::config::values::format_datetime;
 
 /// Whether `bytes` start like a Parquet file (`PAR1`).
@@ -29,15 +29,16 @@ pub fn is_parquet(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes.starts_with(b"PAR1") && bytes.ends_with(b"PAR1")
 }
 
-fn error(path: &Path, message: String) -> DataError {
-    DataError::Format {
-        path: path.to_path_buf(),
-        message,
-    }
+fn error(_path: &Path, message: String) -> String {
+    message
 }
 
-/// Read a whole Parquet file (its bytes) as text cells.
-pub fn read(bytes: Vec<u8>, path: &Path) -> Result<CsvTable, DataError> {
+/// The header and rows of a Parquet file.
+pub type Cells = (Vec<String>, Vec<Vec<String>>);
+
+/// Read a whole Parquet file (its bytes) as text cells: the header (leaf column paths) and
+/// the rows; the error says what is wrong (the caller names the file).
+pub fn read(bytes: Vec<u8>, path: &Path) -> Result<Cells, String> {
     let bad = |e: parquet::errors::ParquetError| {
         let e = e.to_string();
         let hint = if e.contains("Disabled feature") || e.contains("not supported") {
@@ -45,10 +46,7 @@ pub fn read(bytes: Vec<u8>, path: &Path) -> Result<CsvTable, DataError> {
         } else {
             ""
         };
-        DataError::Format {
-            path: path.to_path_buf(),
-            message: format!("not a readable Parquet file: {e}{hint}"),
-        }
+        format!("not a readable Parquet file: {e}{hint}")
     };
     let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).map_err(bad)?;
     let meta = reader.metadata();
@@ -106,12 +104,7 @@ pub fn read(bytes: Vec<u8>, path: &Path) -> Result<CsvTable, DataError> {
                 .collect(),
         );
     }
-    Ok(CsvTable {
-        path: path.to_path_buf(),
-        header,
-        lines: (1..=n as u64).collect(),
-        rows,
-    })
+    Ok((header, rows))
 }
 
 enum ColumnError {
@@ -429,12 +422,7 @@ mod tests {
     #[test]
     fn not_parquet_is_a_clear_error() {
         assert!(!is_parquet(b"a,b\n1,2\n"));
-        let e = read(b"PAR1 not really PAR1".to_vec(), Path::new("x.parquet"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("x.parquet: not a readable Parquet file"),
-            "{e}"
-        );
+        let e = read(b"PAR1 not really PAR1".to_vec(), Path::new("x.parquet")).unwrap_err();
+        assert!(e.starts_with("not a readable Parquet file"), "{e}");
     }
 }

@@ -189,7 +189,17 @@ impl CsvTable {
             }
         };
         if parquet {
-            super::parquet::read(bytes, path)
+            let (header, rows) =
+                super::parquet::read(bytes, path).map_err(|message| DataError::Format {
+                    path: path.to_path_buf(),
+                    message,
+                })?;
+            Ok(Self {
+                path: path.to_path_buf(),
+                header,
+                lines: (1..=rows.len() as u64).collect(),
+                rows,
+            })
         } else {
             Self::from_bytes_with(&bytes, path, delimiter)
         }
