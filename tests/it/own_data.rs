@@ -45,7 +45,7 @@ fn shop_table(path: &Path, garbage: bool) {
             let price = 1.0 + 9.0 * next();
             let noise = 0.3 * (next() - 0.5);
             let units = 10.0 * k as f64 - 1.5 * price + 4.0 * kind as f64 + noise;
-            let price_text = if (d as usize * 5 + k) % 17 == 0 {
+            let price_text = if (d as usize * 5 + k).is_multiple_of(17) {
                 String::new()
             } else {
                 format!("{price:.3}")

@@ -413,7 +413,7 @@ mod tests {
         assert_eq!(f16_to_f64(0xc000), -2.0);
         assert_eq!(float_text(f64::NAN), "");
         // The shortest text of an f32's f64 value reads back to the same f32.
-        for x in [0.1f32, 1.0 / 3.0, 3.4e38, -1.17549435e-38, 0.011_235] {
+        for x in [0.1f32, 1.0 / 3.0, 3.4e38, -f32::MIN_POSITIVE, 0.011_235] {
             let t = float_text(x as f64);
             assert_eq!(t.parse::<f64>().unwrap() as f32, x, "{t}");
         }
