@@ -220,6 +220,47 @@ fn export_dir_of(train_stdout: &str) -> String {
     train_stdout.lines().last().unwrap().trim().to_string()
 }
 
+/// Write the shop table and its config into `dir`, train it; the export directory.
+fn train_shop(dir: &Path, garbage: bool) -> String {
+    let data = dir.join("shop.csv");
+    shop_table(&data, garbage);
+    let cfg = shop_config(dir, &data);
+    let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    export_dir_of(&stdout(&o))
+}
+
+fn export_onnx(ckpt: &str, out: &Path) {
+    let o = kiln(&[
+        "export",
+        "onnx",
+        "--checkpoint",
+        ckpt,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// The store effect (10 units per store index), the kind and the price were learned: the
+/// predictions of [`QUERY`]'s rows 0, 3 and 4 are within 3 units of the truth.
+fn assert_learned(pred: &[(f32, f32)]) {
+    let truth =
+        |store: usize, kind: f64, price: f64| 10.0 * store as f64 - 1.5 * price + 4.0 * kind;
+    for (row, store, kind, price) in [
+        (0usize, 0usize, 1.0, 2.5),
+        (3, 3, 1.0, 9.0),
+        (4, 4, 2.0, 4.0),
+    ] {
+        let want = truth(store, kind, price);
+        assert!(
+            (pred[row].0 as f64 - want).abs() < 3.0,
+            "row {row}: predicted {} for truth {want}: {pred:?}",
+            pred[row].0
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports() {
     let tmp = tempfile::tempdir().unwrap();
@@ -262,20 +303,7 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
         pred.iter().all(|(m, s)| m.is_finite() && *s > 0.0),
         "{pred:?}"
     );
-    let truth =
-        |store: usize, kind: f64, price: f64| 10.0 * store as f64 - 1.5 * price + 4.0 * kind;
-    for (i, &(store, kind, price)) in [(0usize, 1.0, 2.5), (3, 1.0, 9.0), (4, 2.0, 4.0)]
-        .iter()
-        .enumerate()
-    {
-        let row = [0, 3, 4][i];
-        let want = truth(store, kind, price);
-        assert!(
-            (pred[row].0 as f64 - want).abs() < 3.0,
-            "row {row}: predicted {} for truth {want}: {pred:?}",
-            pred[row].0
-        );
-    }
+    assert_learned(&pred);
 
     // kiln serve: the metadata lists one input per raw column.
     let repo = tempfile::tempdir().unwrap();
@@ -323,6 +351,16 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
     assert_eq!(
         answered[7], pred[7],
         "an empty string is a missing category"
+    );
+    // The other missing spellings of a file are missing over the wire too.
+    let mut na = json_request();
+    na["inputs"][0]["data"][7] = json!("NA");
+    let r = c.post_json("/v2/models/shop/infer", &na).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        json_outputs(&r.json())[7],
+        pred[7],
+        "NA is a missing category"
     );
 
     // HTTP binary: BYTES elements length-prefixed, FP32 with NaN for the missing price.
@@ -470,15 +508,7 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
 
     // ONNX: one graph input per raw column, the preprocessing inside.
     let onnx = tmp.path().join("shop.onnx");
-    let o = kiln(&[
-        "export",
-        "onnx",
-        "--checkpoint",
-        &ckpt,
-        "--out",
-        onnx.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    export_onnx(&ckpt, &onnx);
     let model = kiln::export::onnx::decode(&std::fs::read(&onnx).unwrap()).unwrap();
     let g = model.graph.unwrap();
     let names: Vec<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
@@ -496,12 +526,7 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
 #[test]
 fn rows_of_weight_zero_do_not_move_the_model() {
     let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("shop.csv");
-    shop_table(&data, true);
-    let cfg = shop_config(tmp.path(), &data);
-    let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let ckpt = export_dir_of(&stdout(&o));
+    let ckpt = train_shop(tmp.path(), true);
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(Path::new(&ckpt).join("manifest.json")).unwrap())
             .unwrap();
@@ -510,20 +535,7 @@ fn rows_of_weight_zero_do_not_move_the_model() {
     let mean = units["mean"].as_f64().unwrap();
     assert!((0.0..40.0).contains(&mean), "target mean {mean}: {units}");
     let pred = predict_rows(&ckpt, tmp.path());
-    let truth =
-        |store: usize, kind: f64, price: f64| 10.0 * store as f64 - 1.5 * price + 4.0 * kind;
-    for (row, store, kind, price) in [
-        (0usize, 0usize, 1.0, 2.5),
-        (3, 3, 1.0, 9.0),
-        (4, 4, 2.0, 4.0),
-    ] {
-        let want = truth(store, kind, price);
-        assert!(
-            (pred[row].0 as f64 - want).abs() < 3.0,
-            "row {row}: predicted {} for truth {want}: {pred:?}",
-            pred[row].0
-        );
-    }
+    assert_learned(&pred);
 }
 
 /// ONNX Runtime runs the exported graph of a categorical model on raw columns (strings, NaN)
@@ -536,23 +548,10 @@ fn onnx_runtime_runs_the_preprocessing_like_kiln_predict() {
         "a Python with onnxruntime and numpy (.ci/onnxruntime.sh)",
     );
     let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("shop.csv");
-    shop_table(&data, false);
-    let cfg = shop_config(tmp.path(), &data);
-    let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let ckpt = export_dir_of(&stdout(&o));
+    let ckpt = train_shop(tmp.path(), false);
     let pred = predict_rows(&ckpt, tmp.path());
     let onnx = tmp.path().join("shop.onnx");
-    let o = kiln(&[
-        "export",
-        "onnx",
-        "--checkpoint",
-        &ckpt,
-        "--out",
-        onnx.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    export_onnx(&ckpt, &onnx);
     let script = r#"
 import json, sys
 import numpy as np
@@ -601,12 +600,7 @@ fn tritonclient_sends_raw_bytes_columns() {
         "a Python with tritonclient[grpc,http] (.ci/triton.sh)",
     );
     let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("shop.csv");
-    shop_table(&data, false);
-    let cfg = shop_config(tmp.path(), &data);
-    let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let ckpt = export_dir_of(&stdout(&o));
+    let ckpt = train_shop(tmp.path(), false);
     let pred = predict_rows(&ckpt, tmp.path());
     let repo = tempfile::tempdir().unwrap();
     copy_dir(Path::new(&ckpt), &repo.path().join("shop").join("1"));

@@ -40,8 +40,8 @@ use super::ServeError;
 use super::conn::{ConnectionConfig, is_connection_error};
 use super::protocol::request::input_header;
 use super::protocol::{
-    Datatype, InferRequest, InputData, InputTensor, JsonData, OutputData, OutputTensor,
-    RequestedOutput, bound_message, check_counts, check_name,
+    Datatype, InferRequest, InputTensor, JsonData, OutputData, OutputTensor, RequestedOutput,
+    bound_message, check_counts, check_name,
 };
 use super::repository::LoadedVersion;
 use super::service::{ErrorKind, Service, ServiceError, Transport};
@@ -563,25 +563,17 @@ pub fn parse_request(r: ModelInferRequest) -> Result<InferRequest, Status> {
                 )));
             }
             (Some(b), None) => {
-                let Some(size) = datatype.size() else {
-                    let strings = crate::protocol::tensor::parse_bytes_elements(&name, &b, count)
-                        .map_err(|e| bad(e.0))?;
-                    inputs.push(InputTensor {
-                        name,
-                        datatype,
-                        shape,
-                        data: InputData::Strings(strings),
-                    });
-                    continue;
-                };
-                if b.len() != count * size {
+                if let Some(size) = datatype.size()
+                    && b.len() != count * size
+                {
                     return Err(bad(format!(
                         "input `{name}` has {} bytes in raw_input_contents but shape {shape:?} of {datatype} needs {}",
                         b.len(),
                         count * size
                     )));
                 }
-                InputData::Binary(b)
+                crate::protocol::request::binary_input(&name, datatype, b, count)
+                    .map_err(|e| bad(e.0))?
             }
             (None, Some(c)) => {
                 let d = typed_values(&name, datatype, c)?;

@@ -14,8 +14,6 @@
 //! Parquet has no lines: the "line" of a row in messages (`file.parquet:N`) is its 1-based
 //! row number.
 
-use std::path::Path;
-
 use parquet::basic::{ConvertedType, LogicalType, TimeUnit, Type as PhysicalType};
 use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
 use parquet::data_type::DataType;
@@ -29,16 +27,12 @@ pub fn is_parquet(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes.starts_with(b"PAR1") && bytes.ends_with(b"PAR1")
 }
 
-fn error(_path: &Path, message: String) -> String {
-    message
-}
-
 /// The header and rows of a Parquet file.
 pub type Cells = (Vec<String>, Vec<Vec<String>>);
 
 /// Read a whole Parquet file (its bytes) as text cells: the header (leaf column paths) and
 /// the rows; the error says what is wrong (the caller names the file).
-pub fn read(bytes: Vec<u8>, path: &Path) -> Result<Cells, String> {
+pub fn read(bytes: Vec<u8>) -> Result<Cells, String> {
     let bad = |e: parquet::errors::ParquetError| {
         let e = e.to_string();
         let hint = if e.contains("Disabled feature") || e.contains("not supported") {
@@ -57,12 +51,9 @@ pub fn read(bytes: Vec<u8>, path: &Path) -> Result<Cells, String> {
     let header: Vec<String> = columns.iter().map(|c| c.path().string()).collect();
     for c in &columns {
         if c.max_rep_level() > 0 {
-            return Err(error(
-                path,
-                format!(
-                    "column `{}` is a list or map (a repeated Parquet column); kiln reads flat columns of numbers, strings, dates and timestamps",
-                    c.path().string()
-                ),
+            return Err(format!(
+                "column `{}` is a list or map (a repeated Parquet column); kiln reads flat columns of numbers, strings, dates and timestamps",
+                c.path().string()
             ));
         }
     }
@@ -76,18 +67,13 @@ pub fn read(bytes: Vec<u8>, path: &Path) -> Result<Cells, String> {
             let before = cells[j].len();
             read_column(r, descr, rows, &mut cells[j]).map_err(|e| match e {
                 ColumnError::Parquet(e) => bad(e),
-                ColumnError::Value(m) => {
-                    error(path, format!("column `{}`: {m}", descr.path().string()))
-                }
+                ColumnError::Value(m) => format!("column `{}`: {m}", descr.path().string()),
             })?;
             if cells[j].len() - before != rows {
-                return Err(error(
-                    path,
-                    format!(
-                        "column `{}` has {} values in row group {g}, which has {rows} rows",
-                        descr.path().string(),
-                        cells[j].len() - before
-                    ),
+                return Err(format!(
+                    "column `{}` has {} values in row group {g}, which has {rows} rows",
+                    descr.path().string(),
+                    cells[j].len() - before
                 ));
             }
         }
@@ -422,7 +408,7 @@ mod tests {
     #[test]
     fn not_parquet_is_a_clear_error() {
         assert!(!is_parquet(b"a,b\n1,2\n"));
-        let e = read(b"PAR1 not really PAR1".to_vec(), Path::new("x.parquet")).unwrap_err();
+        let e = read(b"PAR1 not really PAR1".to_vec()).unwrap_err();
         assert!(e.starts_with("not a readable Parquet file"), "{e}");
     }
 }

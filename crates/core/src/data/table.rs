@@ -190,7 +190,7 @@ impl CsvTable {
         };
         if parquet {
             let (header, rows) =
-                super::parquet::read(bytes, path).map_err(|message| DataError::Format {
+                super::parquet::read(bytes).map_err(|message| DataError::Format {
                     path: path.to_path_buf(),
                     message,
                 })?;

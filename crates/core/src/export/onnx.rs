@@ -65,11 +65,30 @@ const STRING: i32 = 8;
 pub const ML_DOMAIN: &str = "ai.onnx.ml";
 /// Its operator set version (`LabelEncoder`-2: `keys_strings` → `values_int64s`).
 pub const ML_OPSET_VERSION: i64 = 2;
-/// The texts kiln reads as a missing category (matched exactly: the graph does not trim or
-/// fold case beyond these spellings).
-const MISSING_TOKENS: [&str; 13] = [
-    "", "NaN", "nan", "NAN", "NA", "na", "Na", "null", "NULL", "Null", "N/A", "n/a", "None",
-];
+/// The texts kiln reads as a missing cell ([`crate::data::table::is_missing`]: empty, `NaN`,
+/// `NA`, `null` in any case), spelled out for an exact-match `LabelEncoder`: "" and every
+/// upper/lower-case spelling of the three words (the graph does not trim blanks).
+fn missing_tokens() -> Vec<String> {
+    let mut out = vec![String::new()];
+    for word in ["nan", "na", "null"] {
+        let n = word.len();
+        for mask in 0..(1u32 << n) {
+            out.push(
+                word.chars()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        if mask & (1 << i) != 0 {
+                            c.to_ascii_uppercase()
+                        } else {
+                            c
+                        }
+                    })
+                    .collect(),
+            );
+        }
+    }
+    out
+}
 
 /// The subset of `onnx.proto3` kiln writes, as prost messages (field numbers from the ONNX
 /// specification). A proto3 `oneof` is declared as optional fields with the same numbers,
@@ -456,8 +475,7 @@ impl Builder {
                         &[("axis", -1)],
                     ));
                     if c.indicator {
-                        let tokens: Vec<String> =
-                            MISSING_TOKENS.iter().map(|t| t.to_string()).collect();
+                        let tokens = missing_tokens();
                         // Index of a missing token, or len for anything else; ≠ len ⇒ missing.
                         let n = tokens.len() as i64;
                         let m = self.label_encoder(&c.name, &tokens, n, &format!("{p}.token"));
@@ -741,4 +759,24 @@ pub fn metadata(model: &ModelProto) -> Vec<(String, String)> {
         .iter()
         .map(|p| (p.key.clone(), p.value.clone()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The graph's missing-category spellings are exactly what kiln reads as missing.
+    #[test]
+    fn missing_tokens_are_kilns_missing_cells() {
+        let t = super::missing_tokens();
+        assert_eq!(t.len(), 1 + 8 + 4 + 16);
+        assert!(t.iter().all(|s| crate::data::table::is_missing(s)), "{t:?}");
+        for s in ["NaN", "nAn", "NA", "Null", "NULL", ""] {
+            assert!(t.iter().any(|x| x == s), "{s}");
+        }
+        for s in ["None", "N/A", "n/a", "0"] {
+            assert!(
+                !crate::data::table::is_missing(s) && !t.iter().any(|x| x == s),
+                "{s}"
+            );
+        }
+    }
 }

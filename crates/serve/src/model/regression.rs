@@ -3,7 +3,8 @@
 //!
 //! A checkpoint whose inputs are not plain numbers (categorical columns, imputed columns,
 //! missing indicators) takes one input per raw column instead — FP32 `[B]` for a numeric
-//! column (NaN = missing), BYTES `[B]` for a categorical one (an empty string = missing) —
+//! column (NaN = missing), BYTES `[B]` for a categorical one (empty, `NaN`, `NA` or `null` =
+//! missing, as in a file) —
 //! and applies the checkpoint's preprocessing exactly as `kiln predict` does on a file.
 
 use std::sync::Arc;
@@ -51,7 +52,7 @@ impl ModelSpec {
                     let missing = if !c.accepts_missing() {
                         "refused"
                     } else if c.categories.is_some() {
-                        "an empty string; goes to the unknown bucket"
+                        "an empty string (or NaN, NA, null); goes to the unknown bucket"
                     } else {
                         "NaN; imputed"
                     };
@@ -162,8 +163,8 @@ pub(super) fn decode_columns(
         values.extend(columns.iter().map(|c| match c {
             Column::Numbers(v) if v[r].is_nan() => RawValue::Missing,
             Column::Numbers(v) => RawValue::Number(v[r] as f64),
-            Column::Text(s) if s[r].trim().is_empty() => RawValue::Missing,
-            Column::Text(s) => RawValue::Text(&s[r]),
+            // The missing spellings of a file (empty, NaN, NA, null), as `kiln predict` reads.
+            Column::Text(s) => RawValue::cell(&s[r]),
         }));
         let locate = |column: &str, message: String| {
             kiln_core::data::DataError::Other(format!("input `{column}` row {r}: {message}"))

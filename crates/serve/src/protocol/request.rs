@@ -165,26 +165,11 @@ impl InferRequest {
                     json_input(&name, datatype, d)?
                 }
                 (None, Some(n)) => {
-                    if datatype == Datatype::Bytes {
-                        if offset + n > body.len() {
-                            return err(format!(
-                                "input `{name}` needs {n} bytes of binary data at offset {offset}, but the body has {} bytes (is the Inference-Header-Content-Length header set?)",
-                                body.len()
-                            ));
-                        }
-                        let strings =
-                            parse_bytes_elements(&name, &body[offset..offset + n], count)?;
-                        offset += n;
-                        inputs.push(InputTensor {
-                            name,
-                            datatype,
-                            shape,
-                            data: InputData::Strings(strings),
-                        });
-                        continue;
-                    }
-                    let size = datatype.size().expect("fixed-size datatype");
-                    if n != count * size {
+                    // BYTES elements carry their own lengths; fixed-size types must fill
+                    // the shape exactly.
+                    if let Some(size) = datatype.size()
+                        && n != count * size
+                    {
                         return err(format!(
                             "input `{name}` has binary_data_size {n} but shape {shape:?} of {datatype} needs {} bytes",
                             count * size
@@ -198,7 +183,7 @@ impl InferRequest {
                     }
                     let b = body.slice(offset..offset + n);
                     offset += n;
-                    InputData::Binary(b)
+                    binary_input(&name, datatype, b, count)?
                 }
             };
             inputs.push(InputTensor {
@@ -253,6 +238,21 @@ impl InferRequest {
             binary_data_output,
         })
     }
+}
+
+/// A tensor's binary data (HTTP's binary extension, gRPC's `raw_input_contents`) as input
+/// data: a BYTES tensor's length-prefixed elements parsed into `count` strings, any other
+/// datatype's bytes kept as they are (the caller checked their size).
+pub(crate) fn binary_input(
+    name: &str,
+    datatype: Datatype,
+    b: Bytes,
+    count: usize,
+) -> Result<InputData, ProtocolError> {
+    Ok(match datatype.size() {
+        None => InputData::Strings(parse_bytes_elements(name, &b, count)?),
+        Some(_) => InputData::Binary(b),
+    })
 }
 
 /// A JSON (or typed gRPC) tensor's elements as input data: a BYTES tensor must hold only
