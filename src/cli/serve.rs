@@ -111,6 +111,21 @@ pub struct ServeArgs {
     /// port, printed; `off`: no gRPC).
     #[arg(long, default_value = "8001", value_name = "PORT|off")]
     pub grpc_port: GrpcPort,
+    /// Sliding window (seconds) of the input-drift statistics at /metrics and
+    /// GET /v2/models/<m>/drift (PSI, KS and out-of-range per feature against the
+    /// checkpoint's training sketches).
+    #[arg(long, default_value_t = 600)]
+    pub drift_window_s: u64,
+    /// PSI past which a feature counts as drifted.
+    #[arg(long, default_value_t = 0.2)]
+    pub drift_psi_threshold: f64,
+    /// The latency watch flags a batch bucket whose live compute p50 stays at least this many
+    /// times the checkpoint's recorded p50 …
+    #[arg(long, default_value_t = 1.5)]
+    pub latency_watch_ratio: f64,
+    /// … and at least this many µs above it (the noise floor of µs-scale batches).
+    #[arg(long, default_value_t = 20)]
+    pub latency_watch_min_delta_us: u64,
 }
 
 /// `--grpc-port`: a port, or `off`.
@@ -166,6 +181,12 @@ impl ServeArgs {
             profile_max_events: self.profile_max_events,
             insecure_control: self.insecure_control,
             grpc_port: self.grpc_port.0,
+            watch: kiln::serve::monitor::WatchConfig {
+                drift_window: Duration::from_secs(self.drift_window_s.max(1)),
+                psi_threshold: self.drift_psi_threshold,
+                latency_ratio: self.latency_watch_ratio,
+                latency_min_delta: Duration::from_micros(self.latency_watch_min_delta_us),
+            },
         }
     }
 }

@@ -17,6 +17,7 @@ mod finite;
 mod grpc;
 mod import;
 mod mlflow_real;
+mod monitor;
 mod mvn;
 mod nightly;
 mod observability;

@@ -610,6 +610,10 @@ pub struct Manifest {
     /// training data; absent in manifests of older kiln versions (plain numeric inputs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preprocessing: Option<crate::data::preprocess::Preprocessing>,
+    /// Sketches of the training split's inputs and the test split's mean predicted std, the
+    /// serving tier's drift reference (absent in manifests of older kiln versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<crate::data::drift::DriftReference>,
     /// The seal: SHA-256 of the manifest's canonical form without this key
     /// ([`manifest_digest`]); set by [`seal`]. `None` in manifests of older kiln versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -785,6 +789,7 @@ impl Manifest {
             teacher: parts.teacher,
             calibration: None,
             preprocessing: None,
+            drift: None,
             manifest_sha256: None,
         }
     }
@@ -1093,6 +1098,7 @@ mod tests {
             teacher: None,
             calibration: None,
             preprocessing: None,
+            drift: None,
             manifest_sha256: None,
         };
         export(dest, manifest, &w).unwrap()

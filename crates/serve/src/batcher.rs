@@ -524,8 +524,12 @@ impl IdleShared {
             let _c = kiln_core::prof_span!("serve_compute", rows = input.rows()).entered();
             run_guarded(&mut **instance, &inputs)
         };
+        let engine = instance.engine_time();
         drop(guard);
         let t1 = Instant::now();
+        if let Some(d) = engine.filter(|_| r.is_ok()) {
+            self.metrics.record_engine_time(input.rows(), d);
+        }
         let r = r.map(|mut v| v.swap_remove(0));
         // Nothing to assemble: the request's own thread runs it.
         record_batch(
@@ -633,6 +637,11 @@ fn run_batch(id: usize, instance: &mut dyn Instance, batch: Batch, metrics: &Ver
         let _c = kiln_core::prof_span!("serve_compute", rows = rows).entered();
         run_guarded(instance, &inputs)
     };
+    if result.is_ok()
+        && let Some(d) = instance.engine_time()
+    {
+        metrics.record_engine_time(rows, d);
+    }
     let results = match result {
         Ok(r) => r.into_iter().map(Ok).collect::<Vec<_>>(),
         Err(_) if inputs.len() > 1 => {

@@ -93,6 +93,11 @@ pub fn router(state: Arc<Service>) -> Router {
             get(model_config_v),
         )
         .route("/v2/models/{name}/versions/{version}/infer", post(infer_v))
+        .route("/v2/models/{name}/drift", get(drift_model))
+        .route(
+            "/v2/models/{name}/versions/{version}/drift",
+            get(drift_version),
+        )
         .route("/v2/models/stats", get(stats_all))
         .route("/v2/models/{name}/stats", get(stats_model))
         .route(
@@ -295,6 +300,38 @@ async fn model_config(State(s): Shared, Path(name): Path<String>) -> Response {
 
 async fn model_config_v(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
     config_for(&s, &name, Some(&v))
+}
+
+async fn drift_model(State(s): Shared, Path(name): Path<String>) -> Response {
+    drift_for(&s, &name, None)
+}
+
+async fn drift_version(State(s): Shared, Path((name, v)): Path<(String, String)>) -> Response {
+    drift_for(&s, &name, Some(&v))
+}
+
+/// The version's input drift and latency watch (`GET /v2/models/<m>[/versions/<v>]/drift`).
+fn drift_for(s: &Service, name: &str, v: Option<&str>) -> Response {
+    let lv = match s.lookup(name, v) {
+        Ok(x) => x,
+        Err(e) => return failed(e),
+    };
+    let vm = &lv.metrics;
+    let Some(d) = vm.drift.get() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "model `{}` version {} has no drift reference (a pick model, or a checkpoint exported by an older kiln: retrain to get its training sketches)",
+                lv.model, lv.version
+            ),
+        );
+    };
+    ok_json(json!({
+        "name": lv.model,
+        "version": lv.version.to_string(),
+        "drift": d.report(vm.since),
+        "latency": vm.latency.get().map(|w| w.buckets()),
+    }))
 }
 
 fn config_for(s: &Service, name: &str, v: Option<&str>) -> Response {

@@ -49,6 +49,7 @@ pub mod http;
 pub mod live_profile;
 pub mod metrics;
 pub mod model;
+pub mod monitor;
 pub mod protocol;
 pub mod repository;
 pub mod service;
@@ -110,6 +111,8 @@ pub struct ServeConfig {
     /// The KServe v2 gRPC port on `host` (`Some(0)`: any free port; `None`: no gRPC). The
     /// CLI's default is Triton's 8001; the library's is off.
     pub grpc_port: Option<u16>,
+    /// Drift and latency watch settings.
+    pub watch: monitor::WatchConfig,
 }
 
 impl Default for ServeConfig {
@@ -131,6 +134,7 @@ impl Default for ServeConfig {
             profile_max_events: live_profile::MAX_EVENTS,
             insecure_control: false,
             grpc_port: None,
+            watch: monitor::WatchConfig::default(),
         }
     }
 }
@@ -445,6 +449,7 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
             root: config.repository.clone(),
             engine,
             batcher: config.batcher.clone(),
+            watch: config.watch.clone(),
         },
         metrics.clone(),
         config.model_control,

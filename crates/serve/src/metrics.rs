@@ -36,7 +36,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -226,7 +226,6 @@ impl Failure {
 }
 
 /// Metrics of one model version.
-#[derive(Debug)]
 pub struct VersionMetrics {
     /// Successful requests.
     pub success: AtomicU64,
@@ -245,9 +244,44 @@ pub struct VersionMetrics {
     pub batch_size: Histogram,
     /// Triton's statistics.
     pub stats: TritonStats,
+    /// The live inputs against the checkpoint's training sketches (set at load when the
+    /// checkpoint has them).
+    pub drift: OnceLock<crate::monitor::DriftMonitor>,
+    /// Live compute time against the checkpoint's recorded latency (set at load when the
+    /// checkpoint has it).
+    pub latency: OnceLock<crate::monitor::LatencyWatch>,
+    /// When these metrics started (the version's load).
+    pub since: std::time::Instant,
+    /// Requests dropped before they computed: past their deadline, or their caller left.
+    pub dropped: [AtomicU64; 2],
+}
+
+/// Why a queued request was dropped before it computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// Its deadline (`timeout` parameter or the server's request timeout) passed.
+    Deadline = 0,
+    /// Its caller disconnected (HTTP) or cancelled the call (gRPC).
+    Cancelled = 1,
+}
+
+impl std::fmt::Debug for VersionMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VersionMetrics")
+            .field("success", &self.success)
+            .field("exec_count", &self.exec_count)
+            .field("drift", &self.drift.get().is_some())
+            .field("latency", &self.latency.get().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl VersionMetrics {
+    /// Count a queued request dropped before it computed.
+    pub fn record_dropped(&self, why: Dropped) {
+        self.dropped[why as usize].fetch_add(1, Relaxed);
+    }
+
     fn new() -> Self {
         Self {
             success: AtomicU64::new(0),
@@ -259,6 +293,10 @@ impl VersionMetrics {
             request: Histogram::durations(),
             batch_size: Histogram::new(&BATCH_BOUNDS, 1.0),
             stats: TritonStats::default(),
+            drift: OnceLock::new(),
+            latency: OnceLock::new(),
+            since: std::time::Instant::now(),
+            dropped: Default::default(),
         }
     }
 
@@ -327,6 +365,13 @@ impl VersionMetrics {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         s.last_inference_ms.store(now, Relaxed);
+    }
+
+    /// The engine computed a batch of `rows` rows in `took` (the latency watch's input).
+    pub fn record_engine_time(&self, rows: usize, took: std::time::Duration) {
+        if let Some(w) = self.latency.get() {
+            w.record(rows, took);
+        }
     }
 
     /// Failed requests for a reason.
@@ -627,6 +672,161 @@ fn counters(
     Ok(())
 }
 
+/// Write one gauge family of real values.
+fn gauges_f64(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels, f64)>,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in series {
+        ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn with(mut l: Labels, key: &'static str, value: impl ToString) -> Labels {
+    l.push((key, value.to_string()));
+    l
+}
+
+/// The drift and latency-watch families.
+fn watch_families(
+    e: &mut DescriptorEncoder,
+    versions: &[(String, u64, Arc<VersionMetrics>)],
+) -> std::fmt::Result {
+    let reports: Vec<(Labels, crate::monitor::DriftReport)> = versions
+        .iter()
+        .filter_map(|(m, v, vm)| {
+            vm.drift
+                .get()
+                .map(|d| (version_labels(m, *v), d.report(vm.since)))
+        })
+        .collect();
+    type PickFeature = fn(&crate::monitor::FeatureDrift) -> Option<f64>;
+    let per_feature: [(&str, &str, PickFeature); 5] = [
+        (
+            "kiln_drift_psi",
+            "Population stability index of the feature's live values in the drift window against the training split's bins.",
+            |f| Some(f.psi),
+        ),
+        (
+            "kiln_drift_ks",
+            "Binned Kolmogorov-Smirnov statistic of the feature's live values against the training split (numeric features).",
+            |f| f.ks,
+        ),
+        (
+            "kiln_drift_out_of_range_ratio",
+            "Fraction of the feature's live values outside the training range (numeric) or of unknown categories (categorical).",
+            |f| Some(f.out_of_range_ratio),
+        ),
+        (
+            "kiln_drift_missing_ratio",
+            "Fraction of the feature's live values that are missing.",
+            |f| Some(f.missing_ratio),
+        ),
+        (
+            "kiln_drift_window_values",
+            "Live values of the feature in the drift window.",
+            |f| Some(f.values as f64),
+        ),
+    ];
+    for (name, help, pick) in per_feature {
+        gauges_f64(
+            e,
+            name,
+            help,
+            reports.iter().flat_map(|(l, r)| {
+                r.features
+                    .iter()
+                    .filter_map(|f| pick(f).map(|v| (with(l.clone(), "feature", &f.feature), v)))
+            }),
+        )?;
+    }
+    gauges_f64(
+        e,
+        "kiln_drift_psi_threshold",
+        "PSI past which a feature counts as drifted (--drift-psi-threshold).",
+        reports.iter().map(|(l, r)| (l.clone(), r.psi_threshold)),
+    )?;
+    gauges_f64(
+        e,
+        "kiln_drift_features_drifted",
+        "Features whose PSI is past the threshold.",
+        reports.iter().map(|(l, r)| (l.clone(), r.drifted as f64)),
+    )?;
+    gauges_f64(
+        e,
+        "kiln_drift_features",
+        "Features the drift monitor watches.",
+        reports
+            .iter()
+            .map(|(l, r)| (l.clone(), r.features.len() as f64)),
+    )?;
+    gauges_f64(
+        e,
+        "kiln_drift_window_seconds",
+        "Seconds the drift window spans (since load while shorter than --drift-window-s).",
+        reports.iter().map(|(l, r)| (l.clone(), r.window_seconds)),
+    )?;
+    gauges_f64(
+        e,
+        "kiln_prediction_std_mean",
+        "Mean predicted standard deviation (original units) over the drift window.",
+        reports.iter().flat_map(|(l, r)| {
+            r.prediction_std.iter().filter_map(|t| {
+                t.live_mean
+                    .map(|v| (with(l.clone(), "target", &t.target), v))
+            })
+        }),
+    )?;
+    gauges_f64(
+        e,
+        "kiln_prediction_std_reference",
+        "Mean predicted standard deviation on the test split, from the checkpoint.",
+        reports.iter().flat_map(|(l, r)| {
+            r.prediction_std.iter().filter_map(|t| {
+                t.reference
+                    .map(|v| (with(l.clone(), "target", &t.target), v))
+            })
+        }),
+    )?;
+    let buckets: Vec<(Labels, crate::monitor::BucketLatency)> = versions
+        .iter()
+        .filter_map(|(m, v, vm)| vm.latency.get().map(|w| (m, v, w)))
+        .flat_map(|(m, v, w)| {
+            w.buckets()
+                .into_iter()
+                .map(|b| (with(version_labels(m, *v), "batch", b.batch), b))
+        })
+        .collect();
+    gauges_f64(
+        e,
+        "kiln_latency_live_p50_seconds",
+        "Median compute time of the bucket's last batches (batches of up to `batch` rows).",
+        buckets
+            .iter()
+            .map(|(l, b)| (l.clone(), b.live_p50_us * 1e-6)),
+    )?;
+    gauges_f64(
+        e,
+        "kiln_latency_baseline_seconds",
+        "The checkpoint's recorded p50 at the same rows (interpolated between its batch sizes).",
+        buckets
+            .iter()
+            .map(|(l, b)| (l.clone(), b.baseline_us * 1e-6)),
+    )?;
+    gauges(
+        e,
+        "kiln_latency_regression",
+        "1 while the bucket's live p50 has stayed at least --latency-watch-ratio times the recorded one.",
+        buckets
+            .iter()
+            .map(|(l, b)| (l.clone(), i64::from(b.regressed))),
+    )
+}
+
 /// Write one gauge family.
 fn gauges(
     encoder: &mut DescriptorEncoder,
@@ -723,6 +923,25 @@ impl Collector for Exposition {
                 pick(vm).encode(family.encode_family(&labels)?)?;
             }
         }
+        counters(
+            e,
+            "kiln_inference_request_dropped",
+            "Queued requests dropped before they computed: past their deadline, or their caller disconnected or cancelled.",
+            versions.iter().flat_map(|(m, v, vm)| {
+                [
+                    (Dropped::Deadline, "deadline"),
+                    (Dropped::Cancelled, "cancelled"),
+                ]
+                .into_iter()
+                .map(|(d, name)| {
+                    (
+                        with(version_labels(m, *v), "reason", name),
+                        vm.dropped[d as usize].load(Relaxed),
+                    )
+                })
+            }),
+        )?;
+        watch_families(e, &versions)?;
         let per_model = |f: &dyn Fn(&ModelMetrics) -> i64| {
             models
                 .iter()

@@ -42,6 +42,8 @@ pub struct RepositoryConfig {
     pub engine: String,
     /// Batching and instances.
     pub batcher: BatcherConfig,
+    /// Drift and latency watch settings.
+    pub watch: crate::monitor::WatchConfig,
 }
 
 /// How models get loaded (Triton's `--model-control-mode`).
@@ -729,6 +731,14 @@ impl Repository {
         // Statistics are cumulative since load (as Triton's): a version loaded again starts
         // from zero. The version being loaded is never the one serving.
         let vm = mm.fresh_version(version);
+        crate::monitor::attach(
+            &vm,
+            &spec,
+            &self.config.watch,
+            &self.config.engine,
+            &super::model::buckets(self.config.batcher.max_batch_size),
+            &format!("model `{model}` version {version}"),
+        );
         let batcher = Batcher::start(
             model,
             &self.config.batcher,

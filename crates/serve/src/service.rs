@@ -244,6 +244,10 @@ impl Service {
             .decode(&req.inputs, name, max_batch)
             .map_err(|e| bad(e.0))?;
         drop(decode_span);
+        let drift = vm.drift.get();
+        if let (Some(d), crate::model::ModelInput::Regression { x, .. }) = (drift, &input) {
+            d.observe(x);
+        }
         let outputs = match lv.batcher.infer(input, self.request_timeout).await {
             Ok(o) => o,
             Err(f) => {
@@ -259,6 +263,12 @@ impl Service {
                 return Err(ServiceError::new(kind, f.to_string()));
             }
         };
+        if let Some(d) = drift
+            && let Some(std) = outputs.iter().find(|t| t.name == "std")
+            && let crate::protocol::OutputData::F32(v) = &std.data
+        {
+            d.observe_std(v);
+        }
         let _encode_span = kiln_core::prof_span!("serve_encode").entered();
         let selected = select_outputs(&req, outputs).map_err(|e| bad(e.0))?;
         if let Some(why) = selected.iter().find_map(|(t, _)| t.non_finite()) {

@@ -32,6 +32,9 @@ pub struct BatchLatency {
 pub struct LatencyReport {
     /// The engine measured.
     pub engine: String,
+    /// The CPU path it ran (`avx512`, `avx2`, `portable`; absent in older manifests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
     /// One entry per batch size.
     pub batches: Vec<BatchLatency>,
 }
@@ -103,6 +106,7 @@ pub fn measure(
     }
     Ok(LatencyReport {
         engine: engine.to_string(),
+        cpu: Some(kiln_base::simd::Isa::detect().name().to_string()),
         batches: results,
     })
 }

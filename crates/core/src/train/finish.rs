@@ -181,6 +181,13 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
         });
         manifest.calibration = calibration;
         manifest.preprocessing = Some(data.preprocessing.clone());
+        // The serving tier's drift reference: the training inputs' sketches and the test
+        // split's mean predicted std per target.
+        manifest.drift = Some(crate::data::drift::DriftReference::fit(
+            &data.preprocessing,
+            &data.train.x,
+            report.targets.iter().map(|t| t.sharpness).collect(),
+        ));
         let export_dir = run.export_dir();
         if export_dir.exists() {
             // A previous process finished training and exported, then died before marking the

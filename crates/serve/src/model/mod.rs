@@ -310,6 +310,11 @@ pub trait Instance: Send {
     fn inline_ok(&self) -> bool {
         true
     }
+    /// How long the engine itself computed the last batch (what the checkpoint's recorded
+    /// latency measures: no input assembly, no output tensors); `None` when not measured.
+    fn engine_time(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// Build one instance of a model; a regression engine also runs its own warm-up over

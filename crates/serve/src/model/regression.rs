@@ -228,6 +228,7 @@ pub(super) fn build(
             mean: Vec::new(),
             std: Vec::new(),
         },
+        engine_time: None,
     }))
 }
 
@@ -240,12 +241,18 @@ struct RegressionInstance {
     pad_to_bucket: bool,
     x: Vec<f32>,
     out: Prediction,
+    /// The engine's time on the last batch.
+    engine_time: Option<std::time::Duration>,
 }
 
 impl Instance for RegressionInstance {
     fn inline_ok(&self) -> bool {
         // Device engines stay on the thread that built them.
         !self.pad_to_bucket
+    }
+
+    fn engine_time(&self) -> Option<std::time::Duration> {
+        self.engine_time
     }
 
     fn warm_up(&mut self, rows: usize) -> Result<(), InstanceError> {
@@ -295,7 +302,9 @@ impl Instance for RegressionInstance {
             }
             rows = b;
         }
+        let t0 = std::time::Instant::now();
         self.predictor.predict_into(&self.x, rows, &mut self.out)?;
+        self.engine_time = Some(t0.elapsed());
         let k = self.k;
         let mut start = 0;
         Ok(inputs
