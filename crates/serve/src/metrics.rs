@@ -1063,7 +1063,7 @@ mod tests {
     }
 
     /// Every family's HELP and TYPE line, in exposition order.
-    const FAMILIES: [(&str, &str, &str); 14] = [
+    const FAMILIES: [(&str, &str, &str); 29] = [
         (
             "kiln_inference_request_success_total",
             "counter",
@@ -1103,6 +1103,81 @@ mod tests {
             "kiln_inference_batch_size",
             "histogram",
             "Rows per executed batch.",
+        ),
+        (
+            "kiln_inference_request_dropped_total",
+            "counter",
+            "Queued requests dropped before they computed: past their deadline, or their caller disconnected or cancelled.",
+        ),
+        (
+            "kiln_drift_psi",
+            "gauge",
+            "Population stability index of the feature's live values in the drift window against the training split's bins.",
+        ),
+        (
+            "kiln_drift_ks",
+            "gauge",
+            "Binned Kolmogorov-Smirnov statistic of the feature's live values against the training split (numeric features).",
+        ),
+        (
+            "kiln_drift_out_of_range_ratio",
+            "gauge",
+            "Fraction of the feature's live values outside the training range (numeric) or of unknown categories (categorical).",
+        ),
+        (
+            "kiln_drift_missing_ratio",
+            "gauge",
+            "Fraction of the feature's live values that are missing.",
+        ),
+        (
+            "kiln_drift_window_values",
+            "gauge",
+            "Live values of the feature in the drift window.",
+        ),
+        (
+            "kiln_drift_psi_threshold",
+            "gauge",
+            "PSI past which a feature counts as drifted (--drift-psi-threshold).",
+        ),
+        (
+            "kiln_drift_features_drifted",
+            "gauge",
+            "Features whose PSI is past the threshold.",
+        ),
+        (
+            "kiln_drift_features",
+            "gauge",
+            "Features the drift monitor watches.",
+        ),
+        (
+            "kiln_drift_window_seconds",
+            "gauge",
+            "Seconds the drift window spans (since load while shorter than --drift-window-s).",
+        ),
+        (
+            "kiln_prediction_std_mean",
+            "gauge",
+            "Mean predicted standard deviation (original units) over the drift window.",
+        ),
+        (
+            "kiln_prediction_std_reference",
+            "gauge",
+            "Mean predicted standard deviation on the test split, from the checkpoint.",
+        ),
+        (
+            "kiln_latency_live_p50_seconds",
+            "gauge",
+            "Median compute time of the bucket's last batches (batches of up to `batch` rows).",
+        ),
+        (
+            "kiln_latency_baseline_seconds",
+            "gauge",
+            "The checkpoint's recorded p50 at the same rows (interpolated between its batch sizes).",
+        ),
+        (
+            "kiln_latency_regression",
+            "gauge",
+            "1 while the bucket's live p50 has stayed at least --latency-watch-ratio times the recorded one.",
         ),
         (
             "kiln_queue_depth",
