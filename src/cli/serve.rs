@@ -61,9 +61,21 @@ pub struct ServeArgs {
     /// Most requests queued per model; more are refused with 503 at once.
     #[arg(long, default_value_t = 1024)]
     pub max_queue_size: usize,
-    /// Per-request deadline (queue + compute), milliseconds; past it the answer is 503.
+    /// Per-request deadline (queue + compute), milliseconds; past it the answer is 503. A
+    /// request's `timeout` parameter (µs, Triton's) may shorten it, never lengthen it.
     #[arg(long, default_value_t = 10_000)]
     pub request_timeout_ms: u64,
+    /// Priority levels of the queue: a request's `priority` parameter (Triton's) picks one,
+    /// 1 served first; 0 or none means --default-priority.
+    #[arg(long, default_value_t = 3)]
+    pub priority_levels: usize,
+    /// The level of a request that names no priority.
+    #[arg(long, default_value_t = 2)]
+    pub default_priority: usize,
+    /// Starvation bound (ms): a request queued this long goes ahead of every level, oldest
+    /// first.
+    #[arg(long, default_value_t = 500)]
+    pub priority_max_wait_ms: u64,
     /// Repository poll interval in milliseconds (0: reload only on SIGHUP).
     #[arg(long, default_value_t = 2_000)]
     pub poll_interval_ms: u64,
@@ -126,6 +138,15 @@ pub struct ServeArgs {
     /// … and at least this many µs above it (the noise floor of µs-scale batches).
     #[arg(long, default_value_t = 20)]
     pub latency_watch_min_delta_us: u64,
+    /// Export OpenTelemetry spans of inference requests (request, decode, queue wait, batch,
+    /// compute, encode) over OTLP/gRPC to this collector, e.g. http://127.0.0.1:4317; a
+    /// request's W3C `traceparent` makes them children of the caller's span. Off without it.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// Share of requests without a sampled parent that are traced (0 to 1); a caller's
+    /// sampled flag always decides for its own requests.
+    #[arg(long, default_value_t = 1.0)]
+    pub trace_sample_ratio: f64,
 }
 
 /// `--grpc-port`: a port, or `off`.
@@ -159,6 +180,10 @@ impl ServeArgs {
                 max_queue_size: self.max_queue_size,
                 instances: self.instances,
                 threads_per_instance: self.threads_per_instance,
+                priority_levels: self.priority_levels,
+                default_priority: self.default_priority,
+                priority_max_wait: Duration::from_millis(self.priority_max_wait_ms),
+                fault_compute_delay: Duration::ZERO,
             },
             request_timeout: Duration::from_millis(self.request_timeout_ms),
             poll_interval: (self.poll_interval_ms > 0)
@@ -186,6 +211,11 @@ impl ServeArgs {
                 psi_threshold: self.drift_psi_threshold,
                 latency_ratio: self.latency_watch_ratio,
                 latency_min_delta: Duration::from_micros(self.latency_watch_min_delta_us),
+            },
+            trace: kiln::serve::otel::TraceConfig {
+                endpoint: self.otlp_endpoint.clone(),
+                sample_ratio: self.trace_sample_ratio,
+                ..Default::default()
             },
         }
     }

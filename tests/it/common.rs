@@ -87,6 +87,7 @@ pub fn serve_config(repo: &Path, engine: &str) -> ServeConfig {
             max_queue_size: 256,
             instances: 1,
             threads_per_instance: 1,
+            ..BatcherConfig::default()
         },
         poll_interval: None,
         ..ServeConfig::default()
@@ -169,3 +170,28 @@ pub fn rows_around_means(export: &Path, n: usize, seed: u32) -> Vec<f32> {
 /// Held by a test while it records an on-demand profile: the profiler is one per process, so
 /// two recordings at once would answer 409.
 pub static PROFILING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Read a child `kiln serve`'s stderr for its whole life on a thread, sending the address of
+/// each `http://` it prints. Draining matters: a reader that stopped after the address would
+/// close the pipe, and the child's next line to stderr would then fail (EPIPE) and end it.
+pub fn printed_addrs(
+    stderr: std::process::ChildStderr,
+) -> std::sync::mpsc::Receiver<std::net::SocketAddr> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(i) = line.find("http://") {
+                let rest = &line[i + 7..];
+                let end = rest.find([' ', '/']).unwrap_or(rest.len());
+                if let Ok(a) = rest[..end].parse::<std::net::SocketAddr>() {
+                    let _ = tx.send(a);
+                }
+            }
+        }
+    });
+    rx
+}

@@ -9,8 +9,6 @@
 
 use crate::common::root;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -381,18 +379,7 @@ fn ports_probes_and_the_drain_agree_with_the_server() {
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(i) = line.find("http://") {
-                let rest = &line[i + 7..];
-                let end = rest.find([' ', '/']).unwrap_or(rest.len());
-                if let Ok(a) = rest[..end].parse::<SocketAddr>() {
-                    let _ = tx.send(a);
-                }
-            }
-        }
-    });
+    let rx = crate::common::printed_addrs(stderr);
     let addr = rx.recv_timeout(Duration::from_secs(30)).unwrap();
     let mut client = kiln::loadgen::client::BlockingClient::new(addr)
         .unwrap()

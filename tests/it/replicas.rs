@@ -4,7 +4,6 @@
 //! failed request; a refused promotion afterwards changes nothing (files or answers).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -65,19 +64,7 @@ fn start(repo: &Path) -> Replica {
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    // Drain stderr for the server's whole life (a full pipe would block it).
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(i) = line.find("http://") {
-                let rest = &line[i + 7..];
-                let end = rest.find([' ', '/']).unwrap_or(rest.len());
-                if let Ok(a) = rest[..end].parse::<SocketAddr>() {
-                    let _ = tx.send(a);
-                }
-            }
-        }
-    });
+    let rx = crate::common::printed_addrs(stderr);
     let addr = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("kiln serve printed its address");

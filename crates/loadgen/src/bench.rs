@@ -359,6 +359,12 @@ fn stage_costs(
         .build()
         .map_err(ServeBenchError::Runtime)?;
     let max_batch = handle.repository().config().batcher.max_batch_size;
+    let level = handle
+        .repository()
+        .config()
+        .batcher
+        .level(None)
+        .map_err(ServeBenchError::Invalid)?;
     let invalid = |e: kiln_serve::protocol::ProtocolError| ServeBenchError::Invalid(e.0);
     let mut out = Vec::new();
     for (name, model, body, hlen) in bodies {
@@ -378,8 +384,12 @@ fn stage_costs(
             .decode(&req.inputs, model, max_batch)
             .map_err(invalid)?;
         let outputs = rt
-            .block_on(lv.batcher.infer(input.clone(), Duration::from_secs(10)))
-            .map_err(|e| ServeBenchError::Invalid(e.to_string()))?;
+            .block_on(
+                lv.batcher
+                    .infer(input.clone(), level, Duration::from_secs(10)),
+            )
+            .map_err(|e| ServeBenchError::Invalid(e.to_string()))?
+            .0;
         let parse_us = median_us(iters, || {
             std::hint::black_box(parse().ok());
         });
@@ -388,8 +398,11 @@ fn stage_costs(
         });
         let batcher_us = median_us(iters, || {
             std::hint::black_box(
-                rt.block_on(lv.batcher.infer(input.clone(), Duration::from_secs(10)))
-                    .ok(),
+                rt.block_on(
+                    lv.batcher
+                        .infer(input.clone(), level, Duration::from_secs(10)),
+                )
+                .ok(),
             );
         });
         let encode_us = median_us(iters, || {

@@ -24,21 +24,28 @@
 //! bucket — on their own threads before [`Batcher::start`] returns.
 //!
 //! Admission is one atomic: a request finding `max_queue_size` requests queued is refused at
-//! once (503). Each request carries a deadline; one that expires in the queue is dropped
-//! before it reaches an engine.
+//! once (503). Both policies share one queue ([`super::queue`]): a FIFO per priority level
+//! (a request's `priority` parameter, Triton's levels: 1 first), with waiting bounded by
+//! `priority_max_wait`, past which a request goes ahead of every level. Each request carries
+//! a deadline (its `timeout` parameter, capped by the server's request timeout): one that
+//! expires in the queue is answered with a timeout at its deadline, leaves the queue and
+//! never reaches an engine. A request whose caller goes away (an HTTP client that
+//! disconnects, a cancelled gRPC call: the transport drops the request's future) leaves the
+//! queue at once. Both are counted per version
+//! ([`VersionMetrics::record_dropped`]).
 
-use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::metrics::VersionMetrics;
+use super::metrics::{Dropped, VersionMetrics};
 use super::model::{Instance, LoadError, ModelInput, buckets};
 use super::protocol::OutputTensor;
+use super::queue::{Job, Queue};
 
 /// When a batch launches.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -94,6 +101,18 @@ pub struct BatcherConfig {
     pub instances: usize,
     /// Threads per instance.
     pub threads_per_instance: usize,
+    /// Priority levels (Triton's `priority_levels`): a request's `priority` parameter picks
+    /// one, 1 the highest; 0 or none means `default_priority`.
+    pub priority_levels: usize,
+    /// The level of a request that names none (1 to `priority_levels`).
+    pub default_priority: usize,
+    /// The starvation bound: a request queued this long goes ahead of every level.
+    pub priority_max_wait: Duration,
+    /// Testing hook: every batch sleeps this long before it computes, and no request runs on
+    /// its caller's thread, so tests of deadlines, cancellation and priority can load the
+    /// queue. Zero in every real configuration; no flag sets it.
+    #[doc(hidden)]
+    pub fault_compute_delay: Duration,
 }
 
 impl Default for BatcherConfig {
@@ -105,6 +124,25 @@ impl Default for BatcherConfig {
             max_queue_size: 1024,
             instances: 1,
             threads_per_instance: 1,
+            priority_levels: 3,
+            default_priority: 2,
+            priority_max_wait: Duration::from_millis(500),
+            fault_compute_delay: Duration::ZERO,
+        }
+    }
+}
+
+impl BatcherConfig {
+    /// The 0-based queue level of a request's `priority` parameter, or why it is refused.
+    pub fn level(&self, priority: Option<u64>) -> Result<usize, String> {
+        match priority {
+            None | Some(0) => Ok(self.default_priority.clamp(1, self.priority_levels.max(1)) - 1),
+            Some(p) if p <= self.priority_levels as u64 => Ok(p as usize - 1),
+            Some(p) => Err(format!(
+                "request parameter `priority` is {p}; this server has {} priority levels: \
+                 expected 1 (the highest) to {}, or 0 for the default ({})",
+                self.priority_levels, self.priority_levels, self.default_priority
+            )),
         }
     }
 }
@@ -121,25 +159,43 @@ pub enum InferFailure {
         size: usize,
     },
     /// The deadline passed.
-    #[error("the request timed out after {0:?} (queued or computing)")]
+    #[error(
+        "the request timed out: its deadline passed after {0:?} without an answer (a request \
+         still queued then is dropped and never computed; the deadline is the `timeout` \
+         parameter in µs, capped by --request-timeout-ms)"
+    )]
     Timeout(Duration),
     /// The engine failed.
     #[error("inference failed: {0}")]
     Internal(String),
 }
 
-type Reply = oneshot::Sender<Result<Vec<OutputTensor>, String>>;
-
-struct Job {
-    input: ModelInput,
-    enqueued: Instant,
-    deadline: Instant,
-    reply: Reply,
+/// When and how a request's batch ran (for its trace spans).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchTiming {
+    /// The batch left the queue (for a request run at once: when it claimed the instance).
+    pub taken: Instant,
+    /// The engine started.
+    pub compute_start: Instant,
+    /// The engine returned.
+    pub compute_end: Instant,
+    /// Rows in the batch.
+    pub rows: usize,
+    /// Requests in the batch.
+    pub requests: usize,
+    /// The instance that ran it.
+    pub instance: usize,
 }
 
 enum Msg {
     Job(Job),
     Done(usize),
+    /// The request's caller left or its deadline passed: drop it if it is still queued.
+    Withdraw {
+        id: u64,
+        level: usize,
+        why: Dropped,
+    },
     Close,
 }
 
@@ -156,6 +212,8 @@ pub struct Batcher {
     depth: Arc<AtomicUsize>,
     model_depth: Arc<AtomicUsize>,
     max_queue_size: usize,
+    next_id: AtomicU64,
+    metrics: Arc<VersionMetrics>,
 }
 
 enum Inner {
@@ -172,6 +230,7 @@ enum WorkerRole {
         rx: mpsc::Receiver<Batch>,
         done: mpsc::Sender<Msg>,
         metrics: Arc<VersionMetrics>,
+        delay: Duration,
     },
     Idle(Arc<IdleShared>),
 }
@@ -192,13 +251,15 @@ impl Batcher {
         let idle = (config.policy == BatchingPolicy::Idle).then(|| {
             Arc::new(IdleShared {
                 state: Mutex::new(IdleState {
-                    queue: VecDeque::new(),
+                    queue: Queue::new(config.priority_levels, config.priority_max_wait),
                     idle: (0..n).rev().collect(),
                     closing: false,
                 }),
                 slots: (0..n).map(|_| Slot::default()).collect(),
                 max_batch: config.max_batch_size.max(1),
-                inline_threads: config.threads_per_instance <= 1,
+                inline_threads: config.threads_per_instance <= 1
+                    && config.fault_compute_delay.is_zero(),
+                compute_delay: config.fault_compute_delay,
                 depth: depth.clone(),
                 model_depth: model_depth.clone(),
                 metrics: metrics.clone(),
@@ -217,6 +278,7 @@ impl Batcher {
                         rx: wrx,
                         done: tx.clone(),
                         metrics: metrics.clone(),
+                        delay: config.fault_compute_delay,
                     }
                 }
             };
@@ -251,10 +313,18 @@ impl Batcher {
                             Ok(inst)
                         });
                         match (instance, role) {
-                            (Ok(inst), WorkerRole::Delay { rx, done, metrics }) => {
+                            (
+                                Ok(inst),
+                                WorkerRole::Delay {
+                                    rx,
+                                    done,
+                                    metrics,
+                                    delay,
+                                },
+                            ) => {
                                 let _ = ready_tx.send(Ok(()));
                                 drop(ready_tx);
-                                worker_loop(i, inst, rx, done, &metrics);
+                                worker_loop(i, inst, rx, done, &metrics, delay);
                             }
                             (Ok(inst), WorkerRole::Idle(shared)) => {
                                 let slot = &shared.slots[i];
@@ -307,7 +377,7 @@ impl Batcher {
                     config: config.clone(),
                     depth: depth.clone(),
                     model_depth: model_depth.clone(),
-                    metrics,
+                    metrics: metrics.clone(),
                 };
                 std::thread::Builder::new()
                     .name(format!("kiln-{model}-queue"))
@@ -324,6 +394,8 @@ impl Batcher {
             depth,
             model_depth,
             max_queue_size: config.max_queue_size,
+            next_id: AtomicU64::new(0),
+            metrics,
         })
     }
 
@@ -351,14 +423,18 @@ impl Batcher {
         self.model_depth.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Queue `input` and wait for its outputs, at most `timeout` in all.
+    /// Queue `input` at priority `level` (0-based, see [`BatcherConfig::level`]) and wait
+    /// for its outputs, at most `timeout` in all. Dropping the returned future (the caller
+    /// went away) withdraws the request from the queue.
     pub async fn infer(
         &self,
         input: ModelInput,
+        level: usize,
         timeout: Duration,
-    ) -> Result<Vec<OutputTensor>, InferFailure> {
+    ) -> Result<(Vec<OutputTensor>, BatchTiming), InferFailure> {
         let now = Instant::now();
         let deadline = now + timeout;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = match &self.inner {
             Inner::Idle(shared) => {
                 let mut st = shared.lock();
@@ -375,7 +451,9 @@ impl Batcher {
                 }
                 self.admit()?;
                 let (reply, rx) = oneshot::channel();
-                st.queue.push_back(Job {
+                st.queue.push(Job {
+                    id,
+                    level,
                     input,
                     enqueued: now,
                     deadline,
@@ -392,6 +470,8 @@ impl Batcher {
                 self.admit()?;
                 let (reply, rx) = oneshot::channel();
                 let job = Job {
+                    id,
+                    level,
                     input,
                     enqueued: now,
                     deadline,
@@ -404,11 +484,58 @@ impl Batcher {
                 rx
             }
         };
-        match tokio::time::timeout_at(deadline.into(), rx).await {
+        let mut waiting = Waiting {
+            batcher: self,
+            id,
+            level,
+            armed: true,
+        };
+        let answer = tokio::time::timeout_at(deadline.into(), rx).await;
+        waiting.armed = false;
+        match answer {
             Ok(Ok(Ok(out))) => Ok(out),
             Ok(Ok(Err(msg))) => Err(InferFailure::Internal(msg)),
-            // Dropped unanswered: it expired in the queue.
-            Ok(Err(_)) | Err(_) => Err(InferFailure::Timeout(timeout)),
+            // Dropped unanswered: it expired in the queue (and was counted there).
+            Ok(Err(_)) => Err(InferFailure::Timeout(timeout)),
+            Err(_) => {
+                self.withdraw(id, level, Dropped::Deadline);
+                Err(InferFailure::Timeout(timeout))
+            }
+        }
+    }
+
+    /// Drop request `id` from the queue if it is still there (counted as `why`); a request
+    /// that is computing finishes, and its answer goes nowhere.
+    fn withdraw(&self, id: u64, level: usize, why: Dropped) {
+        match &self.inner {
+            Inner::Idle(shared) => {
+                let gone = shared.lock().queue.remove(id, level);
+                if gone.is_some() {
+                    self.unadmit();
+                    self.metrics.record_dropped(why);
+                }
+            }
+            Inner::Delay(tx) => {
+                let _ = tx.send(Msg::Withdraw { id, level, why });
+            }
+        }
+    }
+}
+
+/// A queued request's claim: dropped while armed (the caller's future was dropped before
+/// the answer came), it withdraws the request.
+struct Waiting<'a> {
+    batcher: &'a Batcher,
+    id: u64,
+    level: usize,
+    armed: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.batcher
+                .withdraw(self.id, self.level, Dropped::Cancelled);
         }
     }
 }
@@ -438,7 +565,7 @@ struct Slot {
 }
 
 struct IdleState {
-    queue: VecDeque<Job>,
+    queue: Queue,
     /// Instances nobody has claimed.
     idle: Vec<usize>,
     closing: bool,
@@ -452,6 +579,8 @@ struct IdleShared {
     max_batch: usize,
     /// One thread per instance: a request's thread may run it without changing parallelism.
     inline_threads: bool,
+    /// [`BatcherConfig::fault_compute_delay`].
+    compute_delay: Duration,
     depth: Arc<AtomicUsize>,
     model_depth: Arc<AtomicUsize>,
     metrics: Arc<VersionMetrics>,
@@ -505,7 +634,7 @@ impl IdleShared {
         i: usize,
         input: &ModelInput,
         arrived: Instant,
-    ) -> Result<Vec<OutputTensor>, String> {
+    ) -> Result<(Vec<OutputTensor>, BatchTiming), String> {
         let mut guard = self.slots[i]
             .instance
             .lock()
@@ -530,7 +659,15 @@ impl IdleShared {
         if let Some(d) = engine.filter(|_| r.is_ok()) {
             self.metrics.record_engine_time(input.rows(), d);
         }
-        let r = r.map(|mut v| v.swap_remove(0));
+        let timing = BatchTiming {
+            taken: t0,
+            compute_start: t0,
+            compute_end: t1,
+            rows: input.rows(),
+            requests: 1,
+            instance: i,
+        };
+        let r = r.map(|mut v| (v.swap_remove(0), timing));
         // Nothing to assemble: the request's own thread runs it.
         record_batch(
             &self.metrics,
@@ -548,24 +685,10 @@ impl IdleShared {
     /// caller left or whose deadline passed.
     fn take_batch(&self, st: &mut IdleState) -> (Vec<Job>, Instant) {
         let now = Instant::now();
-        let mut jobs = Vec::new();
-        let mut rows = 0;
-        while let Some(j) = st.queue.front() {
-            let r = j.input.rows();
-            if !jobs.is_empty() && rows + r > self.max_batch {
-                break;
-            }
-            let j = st.queue.pop_front().expect("front exists");
+        let jobs = st.queue.take_batch(now, self.max_batch, &self.metrics, || {
             self.depth.fetch_sub(1, Ordering::AcqRel);
             self.model_depth.fetch_sub(1, Ordering::Relaxed);
-            if j.reply.is_closed() || now >= j.deadline {
-                continue;
-            }
-            self.metrics.record_queue(now - j.enqueued);
-            crate::observe::profiler::record_interval("serve_queue_wait", j.enqueued, now);
-            rows += r;
-            jobs.push(j);
-        }
+        });
         (jobs, now)
     }
 
@@ -605,7 +728,13 @@ impl IdleShared {
                 let Some(instance) = guard.as_mut() else {
                     return;
                 };
-                run_batch(i, &mut **instance, Batch { jobs, taken }, &self.metrics);
+                run_batch(
+                    i,
+                    &mut **instance,
+                    Batch { jobs, taken },
+                    &self.metrics,
+                    self.compute_delay,
+                );
             }
         }
     }
@@ -625,7 +754,16 @@ fn record_batch(
 }
 
 /// Compute one batch and answer its requests.
-fn run_batch(id: usize, instance: &mut dyn Instance, batch: Batch, metrics: &VersionMetrics) {
+fn run_batch(
+    id: usize,
+    instance: &mut dyn Instance,
+    batch: Batch,
+    metrics: &VersionMetrics,
+    delay: Duration,
+) {
+    if !delay.is_zero() {
+        std::thread::sleep(delay);
+    }
     let rows: usize = batch.jobs.iter().map(|j| j.input.rows()).sum();
     let inputs: Vec<&ModelInput> = {
         let _a =
@@ -654,17 +792,25 @@ fn run_batch(id: usize, instance: &mut dyn Instance, batch: Batch, metrics: &Ver
         Err(e) => vec![Err(e)],
     };
     let t1 = Instant::now();
+    let timing = BatchTiming {
+        taken: batch.taken,
+        compute_start: t0,
+        compute_end: t1,
+        rows,
+        requests: batch.jobs.len(),
+        instance: id,
+    };
     record_batch(
         metrics,
         id,
         rows,
-        batch.jobs.len(),
+        timing.requests,
         t0.saturating_duration_since(batch.taken),
         t1 - t0,
         t1.elapsed(),
     );
     for (job, r) in batch.jobs.into_iter().zip(results) {
-        let _ = job.reply.send(r);
+        let _ = job.reply.send(r.map(|o| (o, timing)));
     }
 }
 
@@ -674,9 +820,10 @@ fn worker_loop(
     rx: mpsc::Receiver<Batch>,
     done: mpsc::Sender<Msg>,
     metrics: &VersionMetrics,
+    delay: Duration,
 ) {
     while let Ok(batch) = rx.recv() {
-        run_batch(id, &mut *instance, batch, metrics);
+        run_batch(id, &mut *instance, batch, metrics, delay);
         if done.send(Msg::Done(id)).is_err() {
             break;
         }
@@ -723,38 +870,23 @@ impl QueueThread {
         let n = self.workers.len();
         let max_batch = self.config.max_batch_size.max(1);
         let delay = self.config.max_queue_delay;
-        let mut pending: VecDeque<Job> = VecDeque::new();
-        let mut pending_rows = 0usize;
+        let mut pending = Queue::new(self.config.priority_levels, self.config.priority_max_wait);
         let mut idle: Vec<usize> = (0..n).rev().collect();
         let mut closing = false;
+        let left = || {
+            self.depth.fetch_sub(1, Ordering::AcqRel);
+            self.model_depth.fetch_sub(1, Ordering::Relaxed);
+        };
         loop {
             // Launch every batch that is due on every idle instance.
-            while !pending.is_empty() && !idle.is_empty() {
+            while !idle.is_empty()
+                && let Some(oldest) = pending.oldest()
+            {
                 let now = Instant::now();
-                let oldest = pending.front().expect("non-empty").enqueued;
-                if !(closing || pending_rows >= max_batch || now >= oldest + delay) {
+                if !(closing || pending.rows() >= max_batch || now >= oldest + delay) {
                     break;
                 }
-                let mut jobs = Vec::new();
-                let mut rows = 0;
-                while let Some(j) = pending.front() {
-                    let r = j.input.rows();
-                    if !jobs.is_empty() && rows + r > max_batch {
-                        break;
-                    }
-                    let j = pending.pop_front().expect("front exists");
-                    pending_rows -= r;
-                    self.depth.fetch_sub(1, Ordering::AcqRel);
-                    self.model_depth.fetch_sub(1, Ordering::Relaxed);
-                    if j.reply.is_closed() || now >= j.deadline {
-                        // The caller gave up or timed out: do not compute it.
-                        continue;
-                    }
-                    self.metrics.record_queue(now - j.enqueued);
-                    crate::observe::profiler::record_interval("serve_queue_wait", j.enqueued, now);
-                    rows += r;
-                    jobs.push(j);
-                }
+                let jobs = pending.take_batch(now, max_batch, &self.metrics, left);
                 if jobs.is_empty() {
                     continue;
                 }
@@ -766,11 +898,11 @@ impl QueueThread {
             if closing && pending.is_empty() && idle.len() == n {
                 break;
             }
-            let msg = if !pending.is_empty() && !idle.is_empty() && !closing {
-                let due = pending.front().expect("non-empty").enqueued + delay;
+            let due = pending.oldest().filter(|_| !idle.is_empty() && !closing);
+            let msg = if let Some(oldest) = due {
                 match self
                     .rx
-                    .recv_timeout(due.saturating_duration_since(Instant::now()))
+                    .recv_timeout((oldest + delay).saturating_duration_since(Instant::now()))
                 {
                     Ok(m) => Some(m),
                     Err(RecvTimeoutError::Timeout) => None,
@@ -795,11 +927,14 @@ impl QueueThread {
             let mut next = msg;
             while let Some(m) = next {
                 match m {
-                    Msg::Job(j) => {
-                        pending_rows += j.input.rows();
-                        pending.push_back(j);
-                    }
+                    Msg::Job(j) => pending.push(j),
                     Msg::Done(w) => idle.push(w),
+                    Msg::Withdraw { id, level, why } => {
+                        if pending.remove(id, level).is_some() {
+                            left();
+                            self.metrics.record_dropped(why);
+                        }
+                    }
                     Msg::Close => closing = true,
                 }
                 next = self.rx.try_recv().ok();
@@ -906,10 +1041,10 @@ mod tests {
         let (batcher, batches, _gate, metrics) = start(BatchingPolicy::Idle, true);
         for v in [1.0, 2.0] {
             let out = batcher
-                .infer(input(v), Duration::from_secs(60))
+                .infer(input(v), 1, Duration::from_secs(60))
                 .await
                 .unwrap();
-            assert_eq!(out[0].data, OutputData::F32(vec![v]));
+            assert_eq!(out.0[0].data, OutputData::F32(vec![v]));
         }
         // Two batches of one request each, neither queued (the delay is 30 s).
         assert_eq!(*batches.lock().unwrap(), [1, 1]);
@@ -939,7 +1074,7 @@ mod tests {
                 .enable_all()
                 .build()
                 .unwrap()
-                .block_on(b.infer(input(0.0), Duration::from_secs(60)))
+                .block_on(b.infer(input(0.0), 1, Duration::from_secs(60)))
         });
         poll_until("the first request computes", || {
             batches.lock().unwrap().len() == 1
@@ -948,7 +1083,7 @@ mod tests {
         let rest: Vec<_> = (1..=5)
             .map(|i| {
                 let b = batcher.clone();
-                rt.spawn(async move { b.infer(input(i as f32), Duration::from_secs(60)).await })
+                rt.spawn(async move { b.infer(input(i as f32), 1, Duration::from_secs(60)).await })
             })
             .collect();
         poll_until("five requests are queued", || batcher.queue_depth() == 5);
@@ -958,12 +1093,12 @@ mod tests {
             cv.notify_all();
         }
         assert_eq!(
-            first.join().unwrap().unwrap()[0].data,
+            first.join().unwrap().unwrap().0[0].data,
             OutputData::F32(vec![0.0])
         );
         for (i, r) in rest.into_iter().enumerate() {
             let out = rt.block_on(r).unwrap().unwrap();
-            assert_eq!(out[0].data, OutputData::F32(vec![(i + 1) as f32]));
+            assert_eq!(out.0[0].data, OutputData::F32(vec![(i + 1) as f32]));
         }
         // One batch of one, then the five queued ones together.
         assert_eq!(*batches.lock().unwrap(), [1, 5]);

@@ -104,7 +104,7 @@ pub async fn serve(
         body_timeout: limits.body_timeout,
         max_message_bytes: max,
     };
-    let incoming = accept(listener, limits);
+    let (incoming, acceptor) = accept(listener, limits);
     let task = tokio::spawn(async move {
         let r = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -116,6 +116,10 @@ pub async fn serve(
                 what: "serving gRPC".into(),
                 source: std::io::Error::other(e),
             });
+        // The accept loop owns the listening socket: end it and wait until it is dropped,
+        // so the port is closed when the server's shutdown returns.
+        acceptor.abort();
+        let _ = acceptor.await;
         tracing::info!("gRPC server stopped; requests in flight have been answered");
         r
     });
@@ -273,14 +277,18 @@ impl Connected for Guarded {
 }
 
 /// The accept loop of the gRPC listener (see [`serve`] for the limits), as the stream of
-/// connections tonic serves. The loop ends when tonic drops the stream (at shutdown).
+/// connections tonic serves, and the loop's task. The loop ends when tonic drops the stream
+/// (at shutdown) or when the task is aborted.
 fn accept(
     listener: tokio::net::TcpListener,
     limits: ConnectionConfig,
-) -> ReceiverStream<std::io::Result<Guarded>> {
+) -> (
+    ReceiverStream<std::io::Result<Guarded>>,
+    tokio::task::JoinHandle<()>,
+) {
     let (tx, rx) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
                 _ = tx.closed() => break,
@@ -315,7 +323,7 @@ fn accept(
             }
         }
     });
-    ReceiverStream::new(rx)
+    (ReceiverStream::new(rx), task)
 }
 
 /// The gRPC status of a service error.
@@ -462,6 +470,24 @@ fn param_bool(
     }
 }
 
+/// A request parameter that must be a non-negative integer (`priority`, `timeout`):
+/// tritonclient sends `uint64_param` for the priority and `int64_param` for the timeout.
+fn param_u64(
+    p: &std::collections::HashMap<String, InferParameter>,
+    key: &str,
+) -> Result<Option<u64>, Status> {
+    use infer_parameter::ParameterChoice as C;
+    match p.get(key).and_then(|v| v.parameter_choice.as_ref()) {
+        None => Ok(None),
+        Some(C::Uint64Param(v)) => Ok(Some(*v)),
+        Some(C::Int64Param(v)) if *v >= 0 => Ok(Some(*v as u64)),
+        Some(other) => Err(bad(format!(
+            "request parameter `{key}` is {other:?}; expected a non-negative uint64_param or int64_param{}",
+            if key == "timeout" { " (µs)" } else { "" }
+        ))),
+    }
+}
+
 /// Typed contents as the JSON path holds them: row-major values, booleans as 0/1.
 fn typed_values(
     name: &str,
@@ -548,6 +574,8 @@ pub fn parse_request(r: ModelInferRequest) -> Result<InferRequest, Status> {
     }
     check_counts(r.inputs.len(), r.outputs.len()).map_err(|e| bad(e.0))?;
     let binary_data_output = param_bool(&r.parameters, "binary_data_output")?.unwrap_or(true);
+    let priority = param_u64(&r.parameters, "priority")?;
+    let timeout_us = param_u64(&r.parameters, "timeout")?;
     let mut raw_contents = r.raw_input_contents.into_iter();
     let mut inputs: Vec<InputTensor> = Vec::with_capacity(r.inputs.len());
     let mut seen = std::collections::HashSet::with_capacity(r.inputs.len());
@@ -624,6 +652,8 @@ pub fn parse_request(r: ModelInferRequest) -> Result<InferRequest, Status> {
         inputs,
         outputs,
         binary_data_output,
+        priority,
+        timeout_us,
     })
 }
 
@@ -687,7 +717,11 @@ pub fn encode_response(
 impl GrpcService {
     /// An inference over gRPC: the service's one infer path, with the protobuf request
     /// parser and response encoder.
-    async fn infer(&self, mut r: ModelInferRequest) -> Result<ModelInferResponse, Status> {
+    async fn infer(
+        &self,
+        mut r: ModelInferRequest,
+        trace: Option<&crate::otel::RequestTrace>,
+    ) -> Result<ModelInferResponse, Status> {
         let name = std::mem::take(&mut r.model_name);
         let version = std::mem::take(&mut r.model_version);
         let size = prost::Message::encoded_len(&r);
@@ -696,7 +730,7 @@ impl GrpcService {
             encode_response(lv, req.id.as_deref(), selected, req.binary_data_output)
         };
         self.state
-            .infer(&name, version_of(&version), size, parse, encode)
+            .infer(&name, version_of(&version), size, trace, parse, encode)
             .await
             .map_err(status_of)
     }
@@ -936,7 +970,35 @@ impl GrpcInferenceService for GrpcService {
         &self,
         req: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
-        self.infer(req.into_inner()).await.map(Response::new)
+        let trace = self.state.tracing.as_ref().and_then(|t| {
+            let m = req.metadata();
+            let h = |k: &str| m.get(k).and_then(|v| v.to_str().ok());
+            t.request(
+                "inference.GRPCInferenceService/ModelInfer",
+                h("traceparent"),
+                h("tracestate"),
+                "grpc",
+            )
+        });
+        let r = self.infer(req.into_inner(), trace.as_ref()).await;
+        let Some(t) = trace else {
+            return r.map(Response::new);
+        };
+        let code = match &r {
+            Ok(_) => tonic::Code::Ok,
+            Err(st) => st.code(),
+        };
+        t.annotate(vec![opentelemetry::KeyValue::new(
+            "rpc.grpc.status_code",
+            code as i64,
+        )]);
+        let tr = t.traceresponse();
+        t.end(r.as_ref().err().map(|st| st.message()));
+        let mut resp = Response::new(r?);
+        if let Ok(v) = tr.parse() {
+            resp.metadata_mut().insert("traceresponse", v);
+        }
+        Ok(resp)
     }
 
     async fn model_config(

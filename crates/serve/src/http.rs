@@ -442,6 +442,40 @@ async fn infer_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
+    let trace = s.tracing.as_ref().and_then(|t| {
+        let h = |k: &str| headers.get(k).and_then(|v| v.to_str().ok());
+        t.request(
+            "POST /v2/models/{model_name}/infer",
+            h("traceparent"),
+            h("tracestate"),
+            "http",
+        )
+    });
+    let resp = infer_traced(s, name, version, headers, body, trace.as_ref()).await;
+    if let Some(t) = trace {
+        let status = resp.status();
+        t.annotate(vec![opentelemetry::KeyValue::new(
+            "http.response.status_code",
+            status.as_u16() as i64,
+        )]);
+        let mut resp = resp;
+        if let Ok(v) = HeaderValue::from_str(&t.traceresponse()) {
+            resp.headers_mut().insert("traceresponse", v);
+        }
+        t.end((!status.is_success()).then(|| status.as_str()));
+        return resp;
+    }
+    resp
+}
+
+async fn infer_traced(
+    s: &Service,
+    name: &str,
+    version: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+    trace: Option<&crate::otel::RequestTrace>,
+) -> Response {
     let body = match read_body(s, headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -471,7 +505,7 @@ async fn infer_inner(
             &selected,
         )
     };
-    let enc = match s.infer(name, version, size, parse, encode).await {
+    let enc = match s.infer(name, version, size, trace, parse, encode).await {
         Ok(enc) => enc,
         Err(e) => return failed(e),
     };

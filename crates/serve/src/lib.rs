@@ -50,7 +50,9 @@ pub mod live_profile;
 pub mod metrics;
 pub mod model;
 pub mod monitor;
+pub mod otel;
 pub mod protocol;
+mod queue;
 pub mod repository;
 pub mod service;
 pub mod stats;
@@ -113,6 +115,8 @@ pub struct ServeConfig {
     pub grpc_port: Option<u16>,
     /// Drift and latency watch settings.
     pub watch: monitor::WatchConfig,
+    /// OpenTelemetry tracing (off unless an OTLP endpoint is given).
+    pub trace: otel::TraceConfig,
 }
 
 impl Default for ServeConfig {
@@ -135,6 +139,7 @@ impl Default for ServeConfig {
             insecure_control: false,
             grpc_port: None,
             watch: monitor::WatchConfig::default(),
+            trace: otel::TraceConfig::default(),
         }
     }
 }
@@ -181,6 +186,31 @@ fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
         return bad(format!(
             "--threads-per-instance is {}; expected 1 to 256",
             b.threads_per_instance
+        ));
+    }
+    if b.priority_levels == 0 || b.priority_levels > 64 {
+        return bad(format!(
+            "--priority-levels is {}; expected 1 to 64",
+            b.priority_levels
+        ));
+    }
+    if b.default_priority == 0 || b.default_priority > b.priority_levels {
+        return bad(format!(
+            "--default-priority is {}; expected 1 to {} (--priority-levels)",
+            b.default_priority, b.priority_levels
+        ));
+    }
+    if !(0.0..=1.0).contains(&cfg.trace.sample_ratio) {
+        return bad(format!(
+            "--trace-sample-ratio is {}; expected 0 to 1",
+            cfg.trace.sample_ratio
+        ));
+    }
+    if let Some(e) = &cfg.trace.endpoint
+        && !(e.starts_with("http://") || e.starts_with("https://"))
+    {
+        return bad(format!(
+            "--otlp-endpoint is `{e}`; expected an OTLP/gRPC URL such as http://127.0.0.1:4317"
         ));
     }
     if cfg.request_timeout.is_zero() {
@@ -262,6 +292,7 @@ pub struct ServerHandle {
     reload_tx: mpsc::UnboundedSender<oneshot::Sender<ReloadReport>>,
     server: tokio::task::JoinHandle<Result<(), ServeError>>,
     grpc: Option<tokio::task::JoinHandle<Result<(), ServeError>>>,
+    tracer: Option<Arc<otel::Tracing>>,
 }
 
 impl ServerHandle {
@@ -326,6 +357,10 @@ impl ServerHandle {
             None => Ok(()),
         };
         self.repo.clear();
+        // Export the spans still queued (the processor's shutdown blocks).
+        if let Some(t) = self.tracer {
+            let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+        }
         r.and(g)
     }
 }
@@ -443,6 +478,7 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         what: "local address".into(),
         source,
     })?;
+    let tracer = otel::Tracing::start(&config.trace)?.map(Arc::new);
     let metrics = Arc::new(Metrics::default());
     let repo = Arc::new(Repository::with_mode(
         RepositoryConfig {
@@ -473,6 +509,7 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         control_token: config.control_token.clone(),
         profile_dir: config.profile_dir.clone(),
         profile_max_events: config.profile_max_events,
+        tracing: tracer.clone(),
     });
     let grpc = match config.grpc_port {
         Some(port) => {
@@ -518,6 +555,7 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         shutdown_tx,
         reload_tx,
         server,
+        tracer,
     })
 }
 

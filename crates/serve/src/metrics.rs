@@ -203,15 +203,19 @@ pub enum Failure {
     NotReady,
     /// 500.
     Internal,
+    /// The caller went away (an HTTP client disconnected, a gRPC call was cancelled) before
+    /// the answer.
+    Cancelled,
 }
 
 impl Failure {
-    const ALL: [Failure; 5] = [
+    const ALL: [Failure; 6] = [
         Failure::BadRequest,
         Failure::QueueFull,
         Failure::Timeout,
         Failure::NotReady,
         Failure::Internal,
+        Failure::Cancelled,
     ];
 
     fn label(self) -> &'static str {
@@ -221,6 +225,7 @@ impl Failure {
             Failure::Timeout => "timeout",
             Failure::NotReady => "not_ready",
             Failure::Internal => "internal",
+            Failure::Cancelled => "cancelled",
         }
     }
 }
@@ -229,7 +234,7 @@ impl Failure {
 pub struct VersionMetrics {
     /// Successful requests.
     pub success: AtomicU64,
-    failures: [AtomicU64; 5],
+    failures: [AtomicU64; 6],
     /// Rows inferred.
     pub inference_count: AtomicU64,
     /// Batches executed.

@@ -11,8 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use opentelemetry::KeyValue;
+
 use super::batcher::InferFailure;
 use super::metrics::{Failure, Metrics};
+use super::otel::RequestTrace;
 use super::protocol::{InferRequest, OutputTensor, clip, select_outputs};
 use super::repository::{LoadedVersion, ModelSlot, RepoError, RepoErrorKind, Repository};
 
@@ -36,6 +39,8 @@ pub struct Service {
     pub profile_dir: Option<PathBuf>,
     /// Most events one on-demand profile keeps.
     pub profile_max_events: usize,
+    /// OpenTelemetry tracing (`None`: off).
+    pub tracing: Option<Arc<super::otel::Tracing>>,
 }
 
 /// The request headers (HTTP) or metadata keys (gRPC) a proxy adds: a request carrying any
@@ -130,6 +135,22 @@ pub fn bearer_matches(authorization: Option<&str>, token: &str) -> bool {
         })
 }
 
+/// See [`Service::infer`]: records [`Failure::Cancelled`] when dropped armed.
+struct Unanswered {
+    vm: Arc<super::metrics::VersionMetrics>,
+    t0: Instant,
+    armed: bool,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if self.armed {
+            self.vm
+                .record_failure(Failure::Cancelled, self.t0.elapsed());
+        }
+    }
+}
+
 impl Service {
     /// The model (and version) a request names, or why it cannot be served. A model that is
     /// not ready is counted in its `not_ready` metric here, for every operation that asks.
@@ -191,11 +212,37 @@ impl Service {
         name: &str,
         version: Option<&str>,
         size: usize,
+        trace: Option<&RequestTrace>,
         parse: impl FnOnce() -> Result<InferRequest, String> + Send + 'static,
         encode: impl FnOnce(&LoadedVersion, &InferRequest, Vec<(OutputTensor, bool)>) -> T,
     ) -> Result<T, ServiceError> {
         let t0 = Instant::now();
         let lv = self.resolve(name, version)?;
+        // Counts the request as cancelled if its future is dropped (the caller went away)
+        // before an outcome was recorded.
+        let mut unanswered = Unanswered {
+            vm: lv.metrics.clone(),
+            t0,
+            armed: true,
+        };
+        let r = self
+            .infer_resolved(&lv, name, size, trace, parse, encode, t0)
+            .await;
+        unanswered.armed = false;
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn infer_resolved<T>(
+        &self,
+        lv: &Arc<LoadedVersion>,
+        name: &str,
+        size: usize,
+        trace: Option<&RequestTrace>,
+        parse: impl FnOnce() -> Result<InferRequest, String> + Send + 'static,
+        encode: impl FnOnce(&LoadedVersion, &InferRequest, Vec<(OutputTensor, bool)>) -> T,
+        t0: Instant,
+    ) -> Result<T, ServiceError> {
         let vm = &lv.metrics;
         let bad = |msg: String| {
             vm.record_failure(Failure::BadRequest, t0.elapsed());
@@ -221,6 +268,16 @@ impl Service {
             let _span = kiln_core::prof_span!("serve_parse").entered();
             parse().map_err(bad)?
         };
+        let level = self
+            .repo
+            .config()
+            .batcher
+            .level(req.priority)
+            .map_err(bad)?;
+        let timeout = match req.timeout_us {
+            None | Some(0) => self.request_timeout,
+            Some(us) => Duration::from_micros(us).min(self.request_timeout),
+        };
         let decode_span = kiln_core::prof_span!("serve_decode").entered();
         if let Some(outs) = &req.outputs {
             for o in outs {
@@ -244,12 +301,45 @@ impl Service {
             .decode(&req.inputs, name, max_batch)
             .map_err(|e| bad(e.0))?;
         drop(decode_span);
+        let queued = Instant::now();
+        if let Some(t) = trace {
+            t.annotate(vec![
+                KeyValue::new("kiln.model", name.to_string()),
+                KeyValue::new("kiln.version", lv.version as i64),
+                KeyValue::new("kiln.rows", input.rows() as i64),
+                KeyValue::new("kiln.priority_level", level as i64 + 1),
+            ]);
+            t.stage("decode", t0, queued, Vec::new(), None);
+        }
         let drift = vm.drift.get();
         if let (Some(d), crate::model::ModelInput::Regression { x, .. }) = (drift, &input) {
             d.observe(x);
         }
-        let outputs = match lv.batcher.infer(input, self.request_timeout).await {
-            Ok(o) => o,
+        let outputs = match lv.batcher.infer(input, level, timeout).await {
+            Ok((o, timing)) => {
+                if let Some(t) = trace {
+                    t.stage("queue_wait", queued, timing.taken, Vec::new(), None);
+                    let batch = t.stage(
+                        "batch",
+                        timing.taken,
+                        timing.compute_end,
+                        vec![
+                            KeyValue::new("kiln.batch.rows", timing.rows as i64),
+                            KeyValue::new("kiln.batch.requests", timing.requests as i64),
+                            KeyValue::new("kiln.instance", timing.instance as i64),
+                        ],
+                        None,
+                    );
+                    t.stage(
+                        "compute",
+                        timing.compute_start,
+                        timing.compute_end,
+                        Vec::new(),
+                        Some(&batch),
+                    );
+                }
+                o
+            }
             Err(f) => {
                 let (kind, why) = match &f {
                     InferFailure::QueueFull { .. } => (ErrorKind::QueueFull, Failure::QueueFull),
@@ -270,13 +360,17 @@ impl Service {
             d.observe_std(v);
         }
         let _encode_span = kiln_core::prof_span!("serve_encode").entered();
+        let encoding = Instant::now();
         let selected = select_outputs(&req, outputs).map_err(|e| bad(e.0))?;
         if let Some(why) = selected.iter().find_map(|(t, _)| t.non_finite()) {
             tracing::error!(model = %name, version = lv.version, "{why}");
             vm.record_failure(Failure::Internal, t0.elapsed());
             return Err(ServiceError::new(ErrorKind::Internal, why));
         }
-        let answer = encode(&lv, &req, selected);
+        let answer = encode(lv, &req, selected);
+        if let Some(t) = trace {
+            t.stage("encode", encoding, Instant::now(), Vec::new(), None);
+        }
         vm.record_success(t0.elapsed());
         Ok(answer)
     }

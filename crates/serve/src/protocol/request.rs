@@ -59,7 +59,16 @@ pub struct InferRequest {
     pub outputs: Option<Vec<RequestedOutput>>,
     /// `parameters.binary_data_output`: every output as binary unless it says otherwise.
     pub binary_data_output: bool,
+    /// `parameters.priority` (Triton's): 1 is the highest level, 0 or absent the server's
+    /// default level.
+    pub priority: Option<u64>,
+    /// `parameters.timeout` (Triton's): the request's deadline in µs, queue and compute
+    /// together; 0 or absent: the server's request timeout, which also caps it.
+    pub timeout_us: Option<u64>,
 }
+
+/// The scheduling parameters a request may carry: `priority` and `timeout` (µs).
+pub const SCHEDULING_PARAMETERS: [&str; 2] = ["priority", "timeout"];
 
 fn param_bool(
     p: &Option<Map<String, Value>>,
@@ -71,6 +80,19 @@ fn param_bool(
         Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(other) => err(format!(
             "{what} parameter `{key}` is {other}; expected true or false"
+        )),
+    }
+}
+
+/// A request parameter that must be a non-negative integer (`priority`, `timeout`).
+fn param_u64(p: &Option<Map<String, Value>>, key: &str) -> Result<Option<u64>, ProtocolError> {
+    match p.as_ref().and_then(|m| m.get(key)) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+        Some(other) => err(format!(
+            "request parameter `{key}` is {}; expected a non-negative integer{}",
+            super::clip(&other.to_string()),
+            if key == "timeout" { " (µs)" } else { "" }
         )),
     }
 }
@@ -121,6 +143,8 @@ impl InferRequest {
         };
         let binary_data_output =
             param_bool(&raw.parameters, "binary_data_output", "request")?.unwrap_or(false);
+        let priority = param_u64(&raw.parameters, "priority")?;
+        let timeout_us = param_u64(&raw.parameters, "timeout")?;
         if raw.inputs.is_empty() {
             return err("request has no inputs");
         }
@@ -236,6 +260,8 @@ impl InferRequest {
             inputs,
             outputs,
             binary_data_output,
+            priority,
+            timeout_us,
         })
     }
 }

@@ -152,6 +152,8 @@ mod tests {
                     .collect()
             }),
             binary_data_output: all_binary,
+            priority: None,
+            timeout_us: None,
         }
     }
 
