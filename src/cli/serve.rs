@@ -128,6 +128,10 @@ pub struct ServeArgs {
     /// checkpoint's training sketches).
     #[arg(long, default_value_t = 600)]
     pub drift_window_s: u64,
+    /// Do not compare live inputs with the checkpoint's training sketches (no drift
+    /// statistics; `kiln bench serve` measures what they cost).
+    #[arg(long)]
+    pub no_drift_watch: bool,
     /// PSI past which a feature counts as drifted.
     #[arg(long, default_value_t = 0.2)]
     pub drift_psi_threshold: f64,
@@ -207,6 +211,7 @@ impl ServeArgs {
             insecure_control: self.insecure_control,
             grpc_port: self.grpc_port.0,
             watch: kiln::serve::monitor::WatchConfig {
+                drift: !self.no_drift_watch,
                 drift_window: Duration::from_secs(self.drift_window_s.max(1)),
                 psi_threshold: self.drift_psi_threshold,
                 latency_ratio: self.latency_watch_ratio,

@@ -1718,4 +1718,30 @@ fn bench_serve_reports_every_series_as_json() {
     );
     assert!(r["pinning"]["applied"].is_boolean());
     assert!(!r["pinning"]["note"].as_str().unwrap().is_empty());
+    // The on/off costs of the drift watch and tracing: every configuration on every series,
+    // against the `off` server of the same run.
+    let costs = r["watch_costs"].as_array().unwrap();
+    let configs: std::collections::BTreeSet<&str> = costs
+        .iter()
+        .map(|c| c["config"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        configs.into_iter().collect::<Vec<_>>(),
+        [
+            "drift",
+            "drift+trace_sampled",
+            "off",
+            "trace_sampled",
+            "trace_unsampled"
+        ]
+    );
+    assert_eq!(costs.len(), 5 * 4);
+    for c in costs {
+        assert_eq!(c["us"]["n"], 8, "{c}");
+        assert!(c["us"]["p50"].as_f64().unwrap() > 0.0, "{c}");
+        if c["config"] == "off" {
+            assert_eq!(c["ratio_p50"], 1.0, "{c}");
+            assert_eq!(c["delta_p50_us"], 0.0, "{c}");
+        }
+    }
 }

@@ -251,6 +251,28 @@ pub struct ServeBenchReport {
     pub open_loop: Vec<SweepPoint>,
     /// Per-stage costs in-process (empty for an external server).
     pub stages: Vec<StageCost>,
+    /// What the drift watch and OpenTelemetry tracing cost on the request path, on vs off,
+    /// measured in this run (empty for an external server).
+    pub watch_costs: Vec<WatchCost>,
+}
+
+/// One request series through one server configuration of the on/off comparison: servers
+/// that differ only in their drift watch and tracing, measured in interleaved rounds at
+/// concurrency 1.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WatchCost {
+    /// `off` (no drift watch, no tracing), `drift`, `trace_unsampled` (tracing on, the
+    /// caller's `traceparent` not sampled), `trace_sampled` (every request's six spans
+    /// created and queued for export), `drift+trace_sampled`.
+    pub config: String,
+    /// `infer_json_b1`, …
+    pub series: String,
+    /// Round trip, µs.
+    pub us: Percentiles,
+    /// p50 minus the `off` server's p50 on the same series, µs.
+    pub delta_p50_us: f64,
+    /// p50 over the `off` server's p50 on the same series.
+    pub ratio_p50: f64,
 }
 
 fn allowed_cpus() -> Vec<usize> {
@@ -649,6 +671,10 @@ fn measure(
         Some(h) => stage_costs(h, &bodies, opts.stage_iters)?,
         None => Vec::new(),
     };
+    let watch_costs = match handle {
+        Some(_) => watch_costs(opts, &meta.json(), &config)?,
+        None => Vec::new(),
+    };
     let b = &opts.batcher;
     Ok(ServeBenchReport {
         bench: "serve",
@@ -682,7 +708,173 @@ fn measure(
         closed_loop_errors: closed.errors.values().sum(),
         open_loop,
         stages,
+        watch_costs,
     })
+}
+
+/// The on/off costs of the drift watch and of tracing: one in-process server per
+/// configuration (same repository, engine and batching), all up at once, measured in
+/// interleaved rounds so that drift in the machine's state falls on every configuration
+/// alike. Every request carries a `traceparent` (sampled, except for `trace_unsampled`), so
+/// the bytes on the wire are the same everywhere. The traced servers export to a loopback
+/// listener that closes every connection: spans are built, batched and handed to the
+/// exporter, whose network cost is not on the request path and is not measured.
+fn watch_costs(
+    opts: &ServeBenchOptions,
+    meta: &Value,
+    config: &Value,
+) -> Result<Vec<WatchCost>, ServeBenchError> {
+    // The traced servers' collector: a loopback listener that closes every connection at
+    // once, so exports fail fast and off the request path.
+    let sink_listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(ServeBenchError::Runtime)?;
+    let sink = format!(
+        "http://{}",
+        sink_listener
+            .local_addr()
+            .map_err(ServeBenchError::Runtime)?
+    );
+    sink_listener
+        .set_nonblocking(true)
+        .map_err(ServeBenchError::Runtime)?;
+    let sink_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = sink_stop.clone();
+    let sink_thread = std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            match sink_listener.accept() {
+                Ok((conn, _)) => drop(conn),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kiln-bench-watch")
+        .worker_threads(allowed_cpus().len().max(1))
+        .build()
+        .map_err(ServeBenchError::Runtime)?;
+    let configs: [(&str, bool, Option<f64>); 5] = [
+        ("off", false, None),
+        ("drift", true, None),
+        ("trace_unsampled", false, Some(0.0)),
+        ("trace_sampled", false, Some(1.0)),
+        ("drift+trace_sampled", true, Some(1.0)),
+    ];
+    let mut servers = Vec::new();
+    for (name, drift, ratio) in configs {
+        let cfg = ServeConfig {
+            repository: opts.repository.clone(),
+            port: 0,
+            engine: opts.engine.clone(),
+            batcher: opts.batcher.clone(),
+            poll_interval: None,
+            watch: kiln_serve::monitor::WatchConfig {
+                drift,
+                ..Default::default()
+            },
+            trace: kiln_serve::otel::TraceConfig {
+                endpoint: ratio.map(|_| sink.clone()),
+                sample_ratio: ratio.unwrap_or(1.0),
+                ..Default::default()
+            },
+            ..ServeConfig::default()
+        };
+        let h = rt.block_on(kiln_serve::start(cfg))?;
+        if !rt.block_on(h.wait_ready(Duration::from_secs(120))) {
+            return Err(ServeBenchError::Invalid(format!(
+                "the `{name}` server did not become ready within 120 s"
+            )));
+        }
+        let sampled = name != "trace_unsampled";
+        servers.push((name, sampled, h));
+    }
+    let mut series = Vec::new();
+    for &b in &opts.batches {
+        for binary in [false, true] {
+            let (body, hlen) = request_body(meta, config, b, binary)?;
+            let kind = if binary { "binary" } else { "json" };
+            series.push((
+                format!("infer_{kind}_b{b}"),
+                body,
+                hlen.map(|n| n.to_string()),
+            ));
+        }
+    }
+    let path = format!("/v2/models/{}/infer", opts.model);
+    let mut clients = servers
+        .iter()
+        .map(|(_, _, h)| Ok(BlockingClient::new(h.addr)?.with_timeout(Duration::from_secs(30))))
+        .collect::<Result<Vec<_>, ServeBenchError>>()?;
+    let send = |c: &mut BlockingClient, sampled: bool, body: &[u8], hlen: Option<&str>| {
+        let mut headers = vec![
+            (
+                "Content-Type",
+                if hlen.is_some() {
+                    "application/octet-stream"
+                } else {
+                    "application/json"
+                },
+            ),
+            (
+                "traceparent",
+                if sampled {
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+                } else {
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+                },
+            ),
+        ];
+        if let Some(h) = hlen {
+            headers.push(("Inference-Header-Content-Length", h));
+        }
+        let t = Instant::now();
+        let r = c.request("POST", &path, &headers, body)?;
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        check(r, "watch-cost request").map(|_| us)
+    };
+    let per_round = opts.requests.div_ceil(opts.rounds);
+    let mut samples = vec![vec![Vec::new(); series.len()]; servers.len()];
+    for ((_, sampled, _), c) in servers.iter().zip(&mut clients) {
+        for (_, body, hlen) in &series {
+            for _ in 0..(opts.requests / 4).max(1) {
+                send(c, *sampled, body, hlen.as_deref())?;
+            }
+        }
+    }
+    for _ in 0..opts.rounds {
+        for (k, (_, body, hlen)) in series.iter().enumerate() {
+            for (i, ((_, sampled, _), c)) in servers.iter().zip(&mut clients).enumerate() {
+                for _ in 0..per_round {
+                    samples[i][k].push(send(c, *sampled, body, hlen.as_deref())?);
+                }
+            }
+        }
+    }
+    drop(clients);
+    let pcts: Vec<Vec<Percentiles>> = samples
+        .into_iter()
+        .map(|per| per.into_iter().map(Percentiles::of).collect())
+        .collect();
+    let mut out = Vec::new();
+    for (i, (name, _, _)) in servers.iter().enumerate() {
+        for (k, (s, _, _)) in series.iter().enumerate() {
+            let base = pcts[0][k].p50;
+            let us = pcts[i][k].clone();
+            out.push(WatchCost {
+                config: name.to_string(),
+                series: s.clone(),
+                delta_p50_us: us.p50 - base,
+                ratio_p50: if base > 0.0 { us.p50 / base } else { 0.0 },
+                us,
+            });
+        }
+    }
+    for (_, _, h) in servers {
+        rt.block_on(h.shutdown())?;
+    }
+    sink_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = sink_thread.join();
+    Ok(out)
 }
 
 fn check_meta(r: &crate::client::HttpResponse, path: &str) -> Result<(), ServeBenchError> {
@@ -734,6 +926,18 @@ pub fn format_report(r: &ServeBenchReport) -> String {
         s += &format!(
             "stages {}: parse {:.2} µs, decode {:.2} µs, batcher {:.2} µs, encode {:.2} µs\n",
             st.request, st.parse_us, st.decode_us, st.batcher_us, st.encode_us
+        );
+    }
+    if !r.watch_costs.is_empty() {
+        s += &format!(
+            "{:<22} {:<18} {:>9} {:>9} {:>10} {:>7}\n",
+            "watch on/off (µs)", "series", "p50", "p90", "Δp50", "ratio"
+        );
+    }
+    for w in &r.watch_costs {
+        s += &format!(
+            "{:<22} {:<18} {:>9.1} {:>9.1} {:>+10.1} {:>7.3}\n",
+            w.config, w.series, w.us.p50, w.us.p90, w.delta_p50_us, w.ratio_p50
         );
     }
     s

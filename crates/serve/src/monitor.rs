@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use kiln_core::bench::latency::LatencyReport;
-use kiln_core::data::drift::{DriftReference, ks, psi};
+use kiln_core::data::drift::{DriftReference, FastBins, ks, psi};
 use serde::Serialize;
 
 /// Batches per bucket the latency watch keeps.
@@ -44,6 +44,8 @@ pub const LATENCY_SUSTAIN: usize = 3;
 /// `--latency-watch-ratio`, `--latency-watch-min-delta-us`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WatchConfig {
+    /// Whether live inputs are compared with the checkpoint's sketches at all.
+    pub drift: bool,
     /// The drift statistics' sliding window.
     pub drift_window: Duration,
     /// PSI past which a feature counts as drifted (0.2: the usual "significant shift").
@@ -57,12 +59,23 @@ pub struct WatchConfig {
 impl Default for WatchConfig {
     fn default() -> Self {
         Self {
+            drift: true,
             drift_window: Duration::from_secs(600),
             psi_threshold: 0.2,
             latency_ratio: 1.5,
             latency_min_delta: Duration::from_micros(20),
         }
     }
+}
+
+/// Requests of more rows than this count into a thread-local scratch first.
+const LOCAL_FROM_ROWS: usize = 2;
+
+thread_local! {
+    /// Per-bin and per-feature counts of the request being observed.
+    static LOCAL: std::cell::RefCell<(Vec<u32>, Vec<u32>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
 }
 
 struct Snapshot {
@@ -77,6 +90,8 @@ struct Snapshot {
 /// The live inputs of one model version against its training sketches.
 pub struct DriftMonitor {
     reference: DriftReference,
+    /// The reference in the form the hot path bins with.
+    bins: FastBins,
     targets: Vec<String>,
     /// First counter of each column in `counts`.
     offsets: Vec<usize>,
@@ -178,6 +193,7 @@ impl DriftMonitor {
             rows: AtomicU64::new(0),
             std_rows: AtomicU64::new(0),
             offsets,
+            bins: FastBins::new(reference.clone()),
             reference,
             targets,
             n_features,
@@ -192,18 +208,40 @@ impl DriftMonitor {
         if self.n_features == 0 {
             return;
         }
-        let mut rows = 0;
-        for row in x.chunks_exact(self.n_features) {
-            rows += 1;
-            for (j, &off) in self.offsets.iter().enumerate() {
-                let b = self.reference.bin(j, row);
-                self.counts[off + b.bin].fetch_add(1, Relaxed);
-                if b.out_of_range {
-                    self.out_of_range[j].fetch_add(1, Relaxed);
+        let rows = x.len() / self.n_features;
+        if rows <= LOCAL_FROM_ROWS {
+            for row in x.chunks_exact(self.n_features) {
+                for (j, &off) in self.offsets.iter().enumerate() {
+                    let b = self.bins.bin(j, row);
+                    self.counts[off + b.bin].fetch_add(1, Relaxed);
+                    if b.out_of_range {
+                        self.out_of_range[j].fetch_add(1, Relaxed);
+                    }
                 }
             }
+        } else {
+            // Count into this thread's scratch (reused: no allocation once it has grown),
+            // then add each non-zero bin once: one atomic per bin, not per value.
+            LOCAL.with_borrow_mut(|(counts, oor)| {
+                counts.clear();
+                counts.resize(self.counts.len(), 0);
+                oor.clear();
+                oor.resize(self.out_of_range.len(), 0);
+                self.bins
+                    .count(x, self.n_features, &self.offsets, counts, oor);
+                for (c, &n) in self.counts.iter().zip(counts.iter()) {
+                    if n > 0 {
+                        c.fetch_add(n as u64, Relaxed);
+                    }
+                }
+                for (c, &n) in self.out_of_range.iter().zip(oor.iter()) {
+                    if n > 0 {
+                        c.fetch_add(n as u64, Relaxed);
+                    }
+                }
+            });
         }
-        self.rows.fetch_add(rows, Relaxed);
+        self.rows.fetch_add(rows as u64, Relaxed);
     }
 
     /// Add one answer's predicted std (`rows × targets`, original units).
@@ -515,7 +553,13 @@ pub fn attach(
     };
     let m = &ckpt.manifest;
     let pre = m.input_preprocessing();
-    match m.drift.clone().map(|d| d.bind(&pre)) {
+    match m
+        .drift
+        .clone()
+        .filter(|_| config.drift)
+        .map(|d| d.bind(&pre))
+    {
+        None if !config.drift => tracing::info!("{label}: drift monitoring off (--no-drift-watch)"),
         Some(Ok(reference)) => {
             let _ = vm.drift.set(DriftMonitor::new(
                 reference,
@@ -580,6 +624,36 @@ mod tests {
             &WatchConfig::default(),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_batch_counts_the_same_as_its_rows_one_by_one() {
+        let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let pre = kiln_core::data::preprocess::Preprocessing::plain(&names);
+        let train: Vec<f32> = (0..300).map(|i| ((i * 37) % 101) as f32).collect();
+        let reference = kiln_core::data::drift::DriftReference::fit(&pre, &train, vec![1.0])
+            .bind(&pre)
+            .unwrap();
+        let cfg = WatchConfig::default();
+        let one_by_one = DriftMonitor::new(reference.clone(), 3, vec!["t".into()], &cfg);
+        let batched = DriftMonitor::new(reference, 3, vec!["t".into()], &cfg);
+        // Values inside and outside the training range.
+        let live: Vec<f32> = (0..90).map(|i| ((i * 53) % 140) as f32 - 20.0).collect();
+        for row in live.chunks(3) {
+            one_by_one.observe(row);
+        }
+        batched.observe(&live);
+        let (a, b) = (
+            one_by_one.snapshot(Instant::now()),
+            batched.snapshot(Instant::now()),
+        );
+        assert_eq!(a.rows, 30);
+        assert_eq!(
+            (a.counts.clone(), a.out_of_range.clone(), a.rows),
+            (b.counts, b.out_of_range, b.rows)
+        );
+        assert!(a.out_of_range.iter().sum::<u64>() > 0);
+        assert_eq!(a.counts.iter().sum::<u64>(), 90);
     }
 
     #[test]

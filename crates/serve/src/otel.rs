@@ -121,8 +121,13 @@ impl Tracing {
         transport: &'static str,
     ) -> Option<RequestTrace> {
         let start = Instant::now();
-        let parent = traceparent
-            .and_then(|tp| parse_traceparent(tp, tracestate))
+        let remote = traceparent.and_then(|tp| parse_traceparent(tp, tracestate));
+        // The sampler is parent-based: an unsampled caller's request is not traced, so skip
+        // building a span only to drop it.
+        if remote.as_ref().is_some_and(|sc| !sc.is_sampled()) {
+            return None;
+        }
+        let parent = remote
             .map(|sc| Context::new().with_remote_span_context(sc))
             .unwrap_or_default();
         let anchor = (start, SystemTime::now());

@@ -18,8 +18,11 @@ use super::metrics::{Dropped, VersionMetrics};
 use super::model::ModelInput;
 use super::protocol::OutputTensor;
 
+/// A job's answer: its outputs and how its batch ran, or the engine's error.
+pub(crate) type Answer = Result<(Vec<OutputTensor>, BatchTiming), String>;
+
 /// Where a job's answer goes.
-pub(crate) type Reply = oneshot::Sender<Result<(Vec<OutputTensor>, BatchTiming), String>>;
+pub(crate) type Reply = oneshot::Sender<Answer>;
 
 /// One queued request.
 pub(crate) struct Job {
@@ -162,10 +165,7 @@ mod tests {
         id: u64,
         level: usize,
         enqueued: Instant,
-    ) -> (
-        Job,
-        oneshot::Receiver<Result<(Vec<OutputTensor>, BatchTiming), String>>,
-    ) {
+    ) -> (Job, oneshot::Receiver<Answer>) {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             id,
