@@ -161,11 +161,7 @@ impl Queue {
 mod tests {
     use super::*;
 
-    fn job(
-        id: u64,
-        level: usize,
-        enqueued: Instant,
-    ) -> (Job, oneshot::Receiver<Answer>) {
+    fn job(id: u64, level: usize, enqueued: Instant) -> (Job, oneshot::Receiver<Answer>) {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             id,
