@@ -733,6 +733,7 @@ fn tritonclient_grpc_answers_equal_tritonclient_http() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("OK grpc == http"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("OK grpc stream == unary"), "{stdout}\n{stderr}");
     rt.block_on(h.shutdown()).unwrap();
 }
 
@@ -939,5 +940,49 @@ async fn both_transports_count_the_same_statistics_through_one_service() {
     );
     assert_eq!(http_errors[0].1, grpc_errors[0].1, "unknown output");
     assert_eq!(http_errors[2].1, grpc_errors[2].1, "unknown model");
+    h.shutdown().await.unwrap();
+}
+
+/// `ModelStreamInfer`: requests over one bidirectional stream are answered by id with the
+/// unary answers' bytes; a bad request in the stream gets its error as a message and the
+/// stream goes on; the stream ends once the client's side has closed and every request is
+/// answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_answers_each_request_by_id_and_goes_on_after_an_error() {
+    let repo = crate::common::repository_of(trained());
+    let h = serve(config(repo.path())).await;
+    let mut g = grpc(&h).await;
+    let mut requests = Vec::new();
+    let mut unary = std::collections::HashMap::new();
+    for (i, n) in [1usize, 3, 64, 2, 7].into_iter().enumerate() {
+        let mut r = raw_request(&rows(n, i as u32));
+        r.id = format!("r{i}");
+        let answer = g.model_infer(r.clone()).await.unwrap().into_inner();
+        unary.insert(r.id.clone(), grpc_outputs(&answer));
+        requests.push(r);
+    }
+    let mut bad = raw_request(&rows(2, 9));
+    bad.id = "bad".into();
+    bad.inputs[0].shape = vec![2, F as i64 + 1];
+    requests.insert(2, bad);
+    let mut answers = g
+        .model_stream_infer(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = std::collections::HashMap::new();
+    let mut errors = Vec::new();
+    while let Some(m) = answers.message().await.unwrap() {
+        let r = m.infer_response.expect("every answer names its request");
+        if m.error_message.is_empty() {
+            got.insert(r.id.clone(), grpc_outputs(&r));
+        } else {
+            errors.push((r.id, m.error_message));
+        }
+    }
+    assert_eq!(got, unary);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].0, "bad");
+    assert!(errors[0].1.contains("features"), "{errors:?}");
     h.shutdown().await.unwrap();
 }

@@ -408,3 +408,44 @@ async fn a_low_priority_request_waits_at_most_the_bound() {
     assert_eq!(order[0], "busy");
     h.shutdown().await.unwrap();
 }
+
+/// A stream whose client goes away takes its queued requests with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stream_withdraws_its_queued_requests() {
+    let repo = repository_of(trained());
+    let h = serve(slow(
+        repo.path(),
+        BatchingPolicy::Idle,
+        Duration::from_millis(2000),
+    ))
+    .await;
+    let busy = spawn_infer(&h, body(1, 1, json!({})));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut g = grpc(&h).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    for i in 0..3 {
+        tx.send(grpc_request(1, 10 + i, &[])).await.unwrap();
+    }
+    let stream = g
+        .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    until_queued(&h, 3.0).await;
+    drop(stream);
+    drop(tx);
+    drop(g);
+    let t = Instant::now();
+    while dropped(&h, "cancelled").await < 3.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the dropped stream's requests are still queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!busy.is_finished());
+    assert_eq!(busy.await.unwrap().0, 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(rows_computed(&h).await, 1.0);
+    h.shutdown().await.unwrap();
+}

@@ -925,8 +925,20 @@ async fn a_full_queue_answers_503_at_once_and_timeouts_answer_503() {
         took >= timeout,
         "answered after {took:?}: before the {timeout:?} deadline"
     );
-    // Answered while the request still sat in the queue, not when its batch was due.
-    assert_eq!(queued(&h, "tiny"), 1);
+    // Answered at its deadline, not when its batch was due, and taken out of the queue
+    // (never computed).
+    assert!(
+        took < delay,
+        "answered after {took:?}, when its batch was due"
+    );
+    let t1 = Instant::now();
+    while queued(&h, "tiny") != 0 {
+        assert!(
+            t1.elapsed() < Duration::from_secs(2),
+            "the expired request is still queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let text = metrics_text(&mut client(&h)).await;
     assert_eq!(
         sample(
@@ -934,6 +946,20 @@ async fn a_full_queue_answers_503_at_once_and_timeouts_answer_503() {
             "kiln_inference_request_failure_total{model=\"tiny\",version=\"1\",reason=\"timeout\"}"
         ),
         Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "kiln_inference_request_dropped_total{model=\"tiny\",version=\"1\",reason=\"deadline\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "kiln_inference_count_total{model=\"tiny\",version=\"1\"}"
+        ),
+        Some(0.0)
     );
     h.shutdown().await.unwrap();
 }

@@ -5,6 +5,9 @@ Usage: grpc_equals_http.py HTTP_HOST:PORT GRPC_HOST:PORT [MODEL]
 Run by tests/grpc.rs (tritonclient_grpc_answers_equal_tritonclient_http) with the Python of
 .ci/triton.sh. Checks liveness, readiness, metadata and, for several batch sizes, that both
 protocols return bit-identical outputs (binary and JSON on HTTP). Prints `OK grpc == http`.
+Then the same over tritonclient's stream API (ModelStreamInfer), a bad request in the stream,
+and the `priority` / `timeout` parameters as tritonclient sends them on both protocols; prints
+`OK grpc stream == unary`.
 """
 
 import sys
@@ -57,6 +60,52 @@ def main():
                 assert got.dtype == ref.dtype and got.shape == ref.shape, (name, o)
                 assert got.tobytes() == ref.tobytes(), (name, o, got, ref)
     print("OK grpc == http")
+    # The same requests over one bidirectional stream (ModelStreamInfer), answered by request
+    # id, bit-identical to the unary answers; a bad request in the stream is answered with its
+    # error and the stream goes on. Then Triton's scheduling parameters as tritonclient sends
+    # them (priority uint64, timeout int64 µs).
+    import queue
+
+    answers_q = queue.Queue()
+    g.start_stream(callback=lambda result, error: answers_q.put((result, error)))
+    sent = {}
+    for n in (1, 5, 64):
+        x = rng.normal(size=(n, cols)).astype(np.float32)
+        gi = grpcclient.InferInput(inp["name"], list(x.shape), "FP32")
+        gi.set_data_from_numpy(x)
+        sent[f"s{n}"] = g.infer(model, [gi])
+        g.async_stream_infer(model, [gi], request_id=f"s{n}")
+    bad = grpcclient.InferInput(inp["name"], [2, cols + 1], "FP32")
+    bad.set_data_from_numpy(np.zeros((2, cols + 1), dtype=np.float32))
+    g.async_stream_infer(model, [bad], request_id="bad")
+    got, errors = {}, []
+    for _ in range(len(sent) + 1):
+        result, error = answers_q.get(timeout=60)
+        if error is not None:
+            errors.append(str(error))
+        else:
+            got[result.get_response().id] = result
+    g.stop_stream()
+    assert sorted(got) == sorted(sent), (sorted(got), errors)
+    assert len(errors) == 1 and "features" in errors[0], errors
+    for rid, ref in sent.items():
+        for o in outputs:
+            assert got[rid].as_numpy(o).tobytes() == ref.as_numpy(o).tobytes(), (rid, o)
+    x = rng.normal(size=(3, cols)).astype(np.float32)
+    gi = grpcclient.InferInput(inp["name"], list(x.shape), "FP32")
+    gi.set_data_from_numpy(x)
+    r = g.infer(model, [gi], priority=1, timeout=5_000_000)
+    assert r.as_numpy(outputs[0]).shape[0] == 3
+    try:
+        g.infer(model, [gi], priority=99)
+        raise AssertionError("priority 99 was accepted")
+    except grpcclient.InferenceServerException as e:
+        assert "priority" in str(e), e
+    hi = httpclient.InferInput(inp["name"], list(x.shape), "FP32")
+    hi.set_data_from_numpy(x)
+    r = h.infer(model, [hi], priority=3, timeout=5_000_000)
+    assert r.as_numpy(outputs[0]).shape[0] == 3
+    print("OK grpc stream == unary")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@
 //! unknown model or version, `UNAVAILABLE` while a model is not ready, `RESOURCE_EXHAUSTED`
 //! when its queue is full, `DEADLINE_EXCEEDED` past the request deadline, `INTERNAL` when the
 //! engine fails, `UNIMPLEMENTED` for the RPCs whose extension this build lacks.
+//!
+//! `ModelStreamInfer` (Triton's bidirectional stream) runs each request of a stream through the
+//! same path and answers it, or its error, as one stream message carrying the request's id.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -54,6 +57,9 @@ pub mod proto {
 
 use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use proto::*;
+
+/// Most requests of one `ModelStreamInfer` stream in flight at once.
+pub const STREAM_IN_FLIGHT: usize = 64;
 
 /// The gRPC adapter: the [`Service`] behind the generated server trait.
 #[derive(Clone)]
@@ -173,10 +179,19 @@ where
 
     fn call(&mut self, req: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
         use http_body_util::BodyExt;
+        // A stream (ModelStreamInfer) lives as long as its client wants and may idle between
+        // messages: no body deadline (keep-alive pings close dead peers).
+        let streaming = req.uri().path().ends_with("/ModelStreamInfer");
         let limit = self.body_timeout;
-        let req = req.map(|b| {
-            tonic::body::Body::new(super::conn::DeadlineBody::new(b, limit).map_err(body_status))
-        });
+        let req = if streaming {
+            req
+        } else {
+            req.map(|b| {
+                tonic::body::Body::new(
+                    super::conn::DeadlineBody::new(b, limit).map_err(body_status),
+                )
+            })
+        };
         let max = self.max_message_bytes;
         let fut = self.inner.call(req);
         Box::pin(async move {
@@ -964,6 +979,106 @@ impl GrpcInferenceService for GrpcService {
             inputs: lv.spec.inputs.iter().map(tensor_metadata).collect(),
             outputs: lv.spec.outputs.iter().map(tensor_metadata).collect(),
         }))
+    }
+
+    type ModelStreamInferStream = ReceiverStream<Result<ModelStreamInferResponse, Status>>;
+
+    /// Triton's bidirectional streaming inference: each request of the stream goes through
+    /// the same path as `ModelInfer`; its answer (or its error, in `error_message`, the
+    /// stream going on) is sent when it is ready, carrying the request's id, so answers come
+    /// in completion order. At most [`STREAM_IN_FLIGHT`] requests of one stream are in
+    /// flight: past that the stream is not read (HTTP/2 flow control holds the client back).
+    /// A client that closes its side has its requests in flight answered, then the stream
+    /// ends; one that goes away (or cancels) has its requests withdrawn from the queue.
+    async fn model_stream_infer(
+        &self,
+        req: Request<tonic::Streaming<ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let meta = |k: &str| {
+            req.metadata()
+                .get(k)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let (traceparent, tracestate) = (meta("traceparent"), meta("tracestate"));
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(STREAM_IN_FLIGHT);
+        let svc = self.clone();
+        tokio::spawn(async move {
+            let slots = Arc::new(Semaphore::new(STREAM_IN_FLIGHT));
+            let mut tasks = tokio::task::JoinSet::new();
+            loop {
+                let next = tokio::select! {
+                    m = inbound.message() => m,
+                    _ = tx.closed() => {
+                        tasks.abort_all();
+                        return;
+                    }
+                };
+                let r = match next {
+                    Ok(Some(r)) => r,
+                    // The client closed its side: answer what is in flight, then end.
+                    Ok(None) => break,
+                    Err(st) => {
+                        let _ = tx.send(Err(st)).await;
+                        tasks.abort_all();
+                        return;
+                    }
+                };
+                let permit = tokio::select! {
+                    p = slots.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                    _ = tx.closed() => {
+                        tasks.abort_all();
+                        return;
+                    }
+                };
+                let (svc, tx) = (svc.clone(), tx.clone());
+                let (tp, ts) = (traceparent.clone(), tracestate.clone());
+                tasks.spawn(async move {
+                    let trace = svc.state.tracing.as_ref().and_then(|t| {
+                        t.request(
+                            "inference.GRPCInferenceService/ModelStreamInfer",
+                            tp.as_deref(),
+                            ts.as_deref(),
+                            "grpc-stream",
+                        )
+                    });
+                    let (id, model) = (r.id.clone(), r.model_name.clone());
+                    let answer = match svc.infer(r, trace.as_ref()).await {
+                        Ok(resp) => {
+                            if let Some(t) = trace {
+                                t.end(None);
+                            }
+                            ModelStreamInferResponse {
+                                error_message: String::new(),
+                                infer_response: Some(resp),
+                            }
+                        }
+                        Err(st) => {
+                            if let Some(t) = trace {
+                                t.end(Some(st.message()));
+                            }
+                            ModelStreamInferResponse {
+                                error_message: st.message().to_string(),
+                                infer_response: Some(ModelInferResponse {
+                                    model_name: model,
+                                    id,
+                                    ..Default::default()
+                                }),
+                            }
+                        }
+                    };
+                    let _ = tx.send(Ok(answer)).await;
+                    drop(permit);
+                });
+                while tasks.try_join_next().is_some() {}
+            }
+            while tasks.join_next().await.is_some() {}
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn model_infer(
