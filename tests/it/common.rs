@@ -195,3 +195,43 @@ pub fn printed_addrs(
     });
     rx
 }
+
+/// A KServe v2 gRPC request to `tiny` with `x` (`rows × 10` features) as raw contents and
+/// the given request parameters.
+pub fn grpc_raw_request(
+    x: &[f32],
+    params: &[(
+        &str,
+        kiln::serve::grpc::proto::infer_parameter::ParameterChoice,
+    )],
+) -> kiln::serve::grpc::proto::ModelInferRequest {
+    use kiln::serve::grpc::proto as pb;
+    let features = 10;
+    pb::ModelInferRequest {
+        model_name: "tiny".into(),
+        inputs: vec![pb::model_infer_request::InferInputTensor {
+            name: "features".into(),
+            datatype: "FP32".into(),
+            shape: vec![(x.len() / features) as i64, features as i64],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![
+            x.iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        ],
+        parameters: params
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    pb::InferParameter {
+                        parameter_choice: Some(v.clone()),
+                    },
+                )
+            })
+            .collect(),
+        ..Default::default()
+    }
+}

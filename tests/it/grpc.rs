@@ -733,7 +733,10 @@ fn tritonclient_grpc_answers_equal_tritonclient_http() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("OK grpc == http"), "{stdout}\n{stderr}");
-    assert!(stdout.contains("OK grpc stream == unary"), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("OK grpc stream == unary"),
+        "{stdout}\n{stderr}"
+    );
     rt.block_on(h.shutdown()).unwrap();
 }
 

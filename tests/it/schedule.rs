@@ -96,34 +96,7 @@ fn grpc_request(
     seed: u32,
     params: &[(&str, ParameterChoice)],
 ) -> pb::ModelInferRequest {
-    let x = rows_around_means(trained(), rows, seed);
-    pb::ModelInferRequest {
-        model_name: "tiny".into(),
-        inputs: vec![pb::model_infer_request::InferInputTensor {
-            name: "features".into(),
-            datatype: "FP32".into(),
-            shape: vec![rows as i64, F as i64],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![
-            x.iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        ],
-        parameters: params
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    pb::InferParameter {
-                        parameter_choice: Some(v.clone()),
-                    },
-                )
-            })
-            .collect(),
-        ..Default::default()
-    }
+    crate::common::grpc_raw_request(&rows_around_means(trained(), rows, seed), params)
 }
 
 async fn grpc(h: &ServerHandle) -> GrpcInferenceServiceClient<tonic::transport::Channel> {

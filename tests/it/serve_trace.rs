@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use kiln::serve::ServerHandle;
 use kiln::serve::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
-use kiln::serve::grpc::proto::{self as pb};
 use serde_json::{Value, json};
 
 use crate::common::{
@@ -197,22 +196,7 @@ async fn a_traced_request_joins_the_callers_trace_with_the_servers_stage_spans()
         .await
         .unwrap();
     let x = rows_around_means(trained(), 2, 3);
-    let mut req = tonic::Request::new(pb::ModelInferRequest {
-        model_name: "tiny".into(),
-        inputs: vec![pb::model_infer_request::InferInputTensor {
-            name: "features".into(),
-            datatype: "FP32".into(),
-            shape: vec![2, F as i64],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![
-            x.iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        ],
-        ..Default::default()
-    });
+    let mut req = tonic::Request::new(crate::common::grpc_raw_request(&x, &[]));
     req.metadata_mut().insert(
         "traceparent",
         format!("00-{grpc_trace}-{grpc_parent}-01").parse().unwrap(),

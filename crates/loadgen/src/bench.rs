@@ -490,14 +490,7 @@ pub fn run_serve_bench(opts: &ServeBenchOptions) -> Result<ServeBenchReport, Ser
                 });
             }
             let rt = b.build().map_err(ServeBenchError::Runtime)?;
-            let cfg = ServeConfig {
-                repository: opts.repository.clone(),
-                port: 0,
-                engine: opts.engine.clone(),
-                batcher: opts.batcher.clone(),
-                poll_interval: None,
-                ..ServeConfig::default()
-            };
+            let cfg = in_process_config(opts);
             let handle = rt.block_on(kiln_serve::start(cfg))?;
             if !rt.block_on(handle.wait_ready(Duration::from_secs(120))) {
                 return Err(ServeBenchError::Invalid(format!(
@@ -548,6 +541,19 @@ pub fn run_serve_bench(opts: &ServeBenchOptions) -> Result<ServeBenchReport, Ser
     };
     report.server_workers = server_workers;
     Ok(report)
+}
+
+/// The in-process server's settings: any free port, the options' repository, engine and
+/// batching, no polling.
+fn in_process_config(opts: &ServeBenchOptions) -> ServeConfig {
+    ServeConfig {
+        repository: opts.repository.clone(),
+        port: 0,
+        engine: opts.engine.clone(),
+        batcher: opts.batcher.clone(),
+        poll_interval: None,
+        ..ServeConfig::default()
+    }
 }
 
 fn measure(
@@ -763,11 +769,6 @@ fn watch_costs(
     let mut servers = Vec::new();
     for (name, drift, ratio) in configs {
         let cfg = ServeConfig {
-            repository: opts.repository.clone(),
-            port: 0,
-            engine: opts.engine.clone(),
-            batcher: opts.batcher.clone(),
-            poll_interval: None,
             watch: kiln_serve::monitor::WatchConfig {
                 drift,
                 ..Default::default()
@@ -777,7 +778,7 @@ fn watch_costs(
                 sample_ratio: ratio.unwrap_or(1.0),
                 ..Default::default()
             },
-            ..ServeConfig::default()
+            ..in_process_config(opts)
         };
         let h = rt.block_on(kiln_serve::start(cfg))?;
         if !rt.block_on(h.wait_ready(Duration::from_secs(120))) {

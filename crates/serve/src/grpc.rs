@@ -1076,7 +1076,16 @@ impl GrpcInferenceService for GrpcService {
                 });
                 while tasks.try_join_next().is_some() {}
             }
-            while tasks.join_next().await.is_some() {}
+            // Answer what is in flight — unless the client goes away meanwhile.
+            loop {
+                tokio::select! {
+                    done = tasks.join_next() => if done.is_none() { break },
+                    _ = tx.closed() => {
+                        tasks.abort_all();
+                        break;
+                    }
+                }
+            }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -678,19 +678,6 @@ fn counters(
 }
 
 /// Write one gauge family of real values.
-fn gauges_f64(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    series: impl IntoIterator<Item = (Labels, f64)>,
-) -> std::fmt::Result {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (labels, v) in series {
-        ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
-    }
-    Ok(())
-}
-
 fn with(mut l: Labels, key: &'static str, value: impl ToString) -> Labels {
     l.push((key, value.to_string()));
     l
@@ -738,7 +725,7 @@ fn watch_families(
         ),
     ];
     for (name, help, pick) in per_feature {
-        gauges_f64(
+        gauges(
             e,
             name,
             help,
@@ -749,19 +736,19 @@ fn watch_families(
             }),
         )?;
     }
-    gauges_f64(
+    gauges(
         e,
         "kiln_drift_psi_threshold",
         "PSI past which a feature counts as drifted (--drift-psi-threshold).",
         reports.iter().map(|(l, r)| (l.clone(), r.psi_threshold)),
     )?;
-    gauges_f64(
+    gauges(
         e,
         "kiln_drift_features_drifted",
         "Features whose PSI is past the threshold.",
         reports.iter().map(|(l, r)| (l.clone(), r.drifted as f64)),
     )?;
-    gauges_f64(
+    gauges(
         e,
         "kiln_drift_features",
         "Features the drift monitor watches.",
@@ -769,13 +756,13 @@ fn watch_families(
             .iter()
             .map(|(l, r)| (l.clone(), r.features.len() as f64)),
     )?;
-    gauges_f64(
+    gauges(
         e,
         "kiln_drift_window_seconds",
         "Seconds the drift window spans (since load while shorter than --drift-window-s).",
         reports.iter().map(|(l, r)| (l.clone(), r.window_seconds)),
     )?;
-    gauges_f64(
+    gauges(
         e,
         "kiln_prediction_std_mean",
         "Mean predicted standard deviation (original units) over the drift window.",
@@ -786,7 +773,7 @@ fn watch_families(
             })
         }),
     )?;
-    gauges_f64(
+    gauges(
         e,
         "kiln_prediction_std_reference",
         "Mean predicted standard deviation on the test split, from the checkpoint.",
@@ -806,7 +793,7 @@ fn watch_families(
                 .map(|b| (with(version_labels(m, *v), "batch", b.batch), b))
         })
         .collect();
-    gauges_f64(
+    gauges(
         e,
         "kiln_latency_live_p50_seconds",
         "Median compute time of the bucket's last batches (batches of up to `batch` rows).",
@@ -814,7 +801,7 @@ fn watch_families(
             .iter()
             .map(|(l, b)| (l.clone(), b.live_p50_us * 1e-6)),
     )?;
-    gauges_f64(
+    gauges(
         e,
         "kiln_latency_baseline_seconds",
         "The checkpoint's recorded p50 at the same rows (interpolated between its batch sizes).",
@@ -833,11 +820,12 @@ fn watch_families(
 }
 
 /// Write one gauge family.
-fn gauges(
+/// A gauge family of integer (`i64`) or real (`f64`) values.
+fn gauges<N: prometheus_client::encoding::EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    series: impl IntoIterator<Item = (Labels, i64)>,
+    series: impl IntoIterator<Item = (Labels, N)>,
 ) -> std::fmt::Result {
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for (labels, v) in series {
