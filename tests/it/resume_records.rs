@@ -26,13 +26,15 @@ fn status(run: &Path) -> serde_json::Value {
 fn a_resumed_run_keeps_the_killed_processes_resource_trace_and_its_run_json_is_marked() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let cfg = tiny_config(tmp.path(), &out, &[]);
+    // Enough epochs before the kill that the resource monitor (a first sample at 50 ms) has
+    // sampled however fast the machine: the tiny stage's 3 epochs once all fitted in less.
+    let cfg = tiny_config(tmp.path(), &out, &[("    epochs: 3", "    epochs: 60")]);
     let cfg = cfg.to_str().unwrap();
-    // Killed after the fourth epoch's log line (three snapshots written).
+    // Killed after the 40th epoch's log line.
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["train", cfg, "-q"])
         .current_dir(crate::common::root())
-        .env("KILN_FAULT", "kill@after-epoch-log:4")
+        .env("KILN_FAULT", "kill@after-epoch-log:40")
         .env_remove("KILN_LOG")
         .output()
         .unwrap();
