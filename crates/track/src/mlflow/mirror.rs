@@ -328,6 +328,9 @@ struct Opening {
     options: MirrorOptions,
     run: RunDir,
     loaded: LoadedConfig,
+    /// When the mirror was begun: the MLflow run's start time, so that no epoch (stamped
+    /// when it is logged, possibly before the sender thread has created the run) precedes it.
+    started_ms: i64,
 }
 
 /// The sender thread's state.
@@ -346,6 +349,7 @@ impl Worker {
             &opening.options,
             &opening.run,
             &opening.loaded,
+            opening.started_ms,
         ) {
             Ok((state, resumed)) => {
                 self.run_id = state.run_id.clone();
@@ -675,13 +679,14 @@ fn create_run(
     experiment_id: &str,
     run_name: &str,
     tags: Vec<Value>,
+    start_time_ms: i64,
 ) -> Result<MirrorState, MlflowError> {
     let create = "/api/2.0/mlflow/runs/create";
     let created = client.post(
         create,
         &json!({
             "experiment_id": experiment_id,
-            "start_time": now_ms(),
+            "start_time": start_time_ms,
             "run_name": run_name,
             "user_id": user(),
             "tags": tags,
@@ -777,6 +782,7 @@ fn open(
     options: &MirrorOptions,
     run: &RunDir,
     loaded: &LoadedConfig,
+    started_ms: i64,
 ) -> Result<(MirrorState, bool), MlflowError> {
     let experiment_id = client.experiment_id(&options.experiment)?;
     match mark_stale_runs_killed(client, &experiment_id) {
@@ -832,7 +838,7 @@ fn open(
             if let Some(p) = &options.parent_run_id {
                 tags.push(tag("mlflow.parentRunId", p));
             }
-            create_run(client, &experiment_id, &run.id, tags)?
+            create_run(client, &experiment_id, &run.id, tags, started_ms)?
         }
     };
     if let Err(e) = state.write(&run.path) {
@@ -928,6 +934,7 @@ impl Mirror {
             options: options.clone(),
             run: run.clone(),
             loaded: loaded.clone(),
+            started_ms: now_ms(),
         };
         Self {
             sender: Sender::spawn(client, opening, options.queue_capacity),
@@ -1243,7 +1250,7 @@ impl SweepParent {
         let name = format!("sweep-{stem}-{}", util::compact_stamp(util::unix_now()));
         let mut tags = source_tags(&format!("kiln sweep {}", sweep_file.display()));
         tags.push(tag("kiln.sweep_file", &sweep_file.display().to_string()));
-        let state = create_run(&client, &experiment_id, &name, tags)?;
+        let state = create_run(&client, &experiment_id, &name, tags, now_ms())?;
         let mut params = Vec::new();
         flatten("", spec, &mut params);
         let params: Vec<Value> = params
