@@ -341,6 +341,11 @@ fn accept(
     (ReceiverStream::new(rx), task)
 }
 
+/// A request span's gRPC status attribute.
+fn status_code(code: tonic::Code) -> opentelemetry::KeyValue {
+    opentelemetry::KeyValue::new("rpc.grpc.status_code", code as i64)
+}
+
 /// The gRPC status of a service error.
 pub fn status_of(e: ServiceError) -> Status {
     let m = bound_message(e.message);
@@ -1050,7 +1055,7 @@ impl GrpcInferenceService for GrpcService {
                     let answer = match svc.infer(r, trace.as_ref()).await {
                         Ok(resp) => {
                             if let Some(t) = trace {
-                                t.end(None);
+                                t.finish(status_code(tonic::Code::Ok), None);
                             }
                             ModelStreamInferResponse {
                                 error_message: String::new(),
@@ -1059,7 +1064,7 @@ impl GrpcInferenceService for GrpcService {
                         }
                         Err(st) => {
                             if let Some(t) = trace {
-                                t.end(Some(st.message()));
+                                t.finish(status_code(st.code()), Some(st.message()));
                             }
                             ModelStreamInferResponse {
                                 error_message: st.message().to_string(),
@@ -1112,12 +1117,7 @@ impl GrpcInferenceService for GrpcService {
             Ok(_) => tonic::Code::Ok,
             Err(st) => st.code(),
         };
-        t.annotate(vec![opentelemetry::KeyValue::new(
-            "rpc.grpc.status_code",
-            code as i64,
-        )]);
-        let tr = t.traceresponse();
-        t.end(r.as_ref().err().map(|st| st.message()));
+        let tr = t.finish(status_code(code), r.as_ref().err().map(|st| st.message()));
         let mut resp = Response::new(r?);
         if let Ok(v) = tr.parse() {
             resp.metadata_mut().insert("traceresponse", v);

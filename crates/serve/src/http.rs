@@ -452,18 +452,17 @@ async fn infer_inner(
         )
     });
     let resp = infer_traced(s, name, version, headers, body, trace.as_ref()).await;
-    if let Some(t) = trace {
-        let status = resp.status();
-        t.annotate(vec![opentelemetry::KeyValue::new(
-            "http.response.status_code",
-            status.as_u16() as i64,
-        )]);
-        let mut resp = resp;
-        if let Ok(v) = HeaderValue::from_str(&t.traceresponse()) {
-            resp.headers_mut().insert("traceresponse", v);
-        }
-        t.end((!status.is_success()).then(|| status.as_str()));
+    let Some(t) = trace else {
         return resp;
+    };
+    let status = resp.status();
+    let tr = t.finish(
+        opentelemetry::KeyValue::new("http.response.status_code", status.as_u16() as i64),
+        (!status.is_success()).then(|| status.as_str()),
+    );
+    let mut resp = resp;
+    if let Ok(v) = HeaderValue::from_str(&tr) {
+        resp.headers_mut().insert("traceresponse", v);
     }
     resp
 }

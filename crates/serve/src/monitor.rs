@@ -89,8 +89,7 @@ struct Snapshot {
 
 /// The live inputs of one model version against its training sketches.
 pub struct DriftMonitor {
-    reference: DriftReference,
-    /// The reference in the form the hot path bins with.
+    /// The reference, in the form the hot path bins with.
     bins: FastBins,
     targets: Vec<String>,
     /// First counter of each column in `counts`.
@@ -193,8 +192,7 @@ impl DriftMonitor {
             rows: AtomicU64::new(0),
             std_rows: AtomicU64::new(0),
             offsets,
-            bins: FastBins::new(reference.clone()),
-            reference,
+            bins: FastBins::new(reference),
             targets,
             n_features,
             window: config.drift_window,
@@ -304,8 +302,8 @@ impl DriftMonitor {
         }
         drop(snaps);
         let rows = cur.rows - b_rows;
-        let mut features = Vec::with_capacity(self.reference.columns.len());
-        for (j, c) in self.reference.columns.iter().enumerate() {
+        let mut features = Vec::with_capacity(self.bins.reference().columns.len());
+        for (j, c) in self.bins.reference().columns.iter().enumerate() {
             let off = self.offsets[j];
             let counts: Vec<u64> = (off..off + c.bins())
                 .map(|i| cur.counts[i] - b_counts[i])
@@ -339,14 +337,14 @@ impl DriftMonitor {
             .map(|(t, name)| StdDrift {
                 target: name.clone(),
                 live_mean: (std_rows > 0).then(|| (cur.std_sum[t] - b_std[t]) / std_rows as f64),
-                reference: self.reference.prediction_std.get(t).copied(),
+                reference: self.bins.reference().prediction_std.get(t).copied(),
             })
             .collect();
         DriftReport {
             window_seconds: now.duration_since(since).as_secs_f64(),
             configured_window_seconds: self.window.as_secs_f64(),
             rows,
-            reference_rows: self.reference.rows,
+            reference_rows: self.bins.reference().rows,
             psi_threshold: self.threshold,
             table_drift: !features.is_empty() && 2 * drifted >= features.len(),
             drifted,

@@ -211,6 +211,15 @@ impl RequestTrace {
         )
     }
 
+    /// End the request span with its transport's status attribute (`error`: the failure's
+    /// message, if it failed); returns the `traceresponse` value for the answer.
+    pub fn finish(self, status: KeyValue, error: Option<&str>) -> String {
+        self.annotate(vec![status]);
+        let tr = self.traceresponse();
+        self.end(error);
+        tr
+    }
+
     /// End the request span: `error` is the failure's message, if it failed.
     pub fn end(self, error: Option<&str>) {
         let span = self.cx.span();

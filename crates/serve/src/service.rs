@@ -301,8 +301,9 @@ impl Service {
             .decode(&req.inputs, name, max_batch)
             .map_err(|e| bad(e.0))?;
         drop(decode_span);
-        let queued = Instant::now();
-        if let Some(t) = trace {
+        // The clock is read for the spans only when the request is traced.
+        let queued = trace.map(|_| Instant::now());
+        if let (Some(t), Some(queued)) = (trace, queued) {
             t.annotate(vec![
                 KeyValue::new("kiln.model", name.to_string()),
                 KeyValue::new("kiln.version", lv.version as i64),
@@ -317,7 +318,7 @@ impl Service {
         }
         let outputs = match lv.batcher.infer(input, level, timeout).await {
             Ok((o, timing)) => {
-                if let Some(t) = trace {
+                if let (Some(t), Some(queued)) = (trace, queued) {
                     t.stage("queue_wait", queued, timing.taken, Vec::new(), None);
                     let batch = t.stage(
                         "batch",
@@ -360,7 +361,7 @@ impl Service {
             d.observe_std(v);
         }
         let _encode_span = kiln_core::prof_span!("serve_encode").entered();
-        let encoding = Instant::now();
+        let encoding = trace.map(|_| Instant::now());
         let selected = select_outputs(&req, outputs).map_err(|e| bad(e.0))?;
         if let Some(why) = selected.iter().find_map(|(t, _)| t.non_finite()) {
             tracing::error!(model = %name, version = lv.version, "{why}");
@@ -368,7 +369,7 @@ impl Service {
             return Err(ServiceError::new(ErrorKind::Internal, why));
         }
         let answer = encode(lv, &req, selected);
-        if let Some(t) = trace {
+        if let (Some(t), Some(encoding)) = (trace, encoding) {
             t.stage("encode", encoding, Instant::now(), Vec::new(), None);
         }
         vm.record_success(t0.elapsed());
