@@ -220,13 +220,15 @@ impl RequestTrace {
         tr
     }
 
-    /// End the request span: `error` is the failure's message, if it failed.
+    /// End the request span: `error` is the failure's message, if it failed. The end time
+    /// comes from the same anchored monotonic clock as the stages', so a step of the wall
+    /// clock mid-request cannot put a stage outside its request.
     pub fn end(self, error: Option<&str>) {
         let span = self.cx.span();
         if let Some(e) = error {
             span.set_status(Status::error(e.to_string()));
         }
-        span.end();
+        span.end_with_timestamp(self.at(Instant::now()));
     }
 }
 
