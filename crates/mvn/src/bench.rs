@@ -404,6 +404,8 @@ pub struct RealisticRecord {
     pub max_abs_err: f64,
     /// Mean |estimate − reference|.
     pub mean_abs_err: f64,
+    /// Root mean square of estimate − reference (what "matched accuracy" compares).
+    pub rms_err: f64,
     /// Largest |estimate − reference| / (se + reference error) over the queries.
     pub max_err_over_se: f64,
     /// Mean reported standard error.
@@ -560,6 +562,7 @@ fn summarise(
         evals_per_s: 0.0,
         max_abs_err: stats.iter().map(|s| s.0).fold(0.0, f64::max),
         mean_abs_err: stats.iter().map(|s| s.0).sum::<f64>() / n,
+        rms_err: (stats.iter().map(|s| s.0 * s.0).sum::<f64>() / n).sqrt(),
         max_err_over_se: stats
             .iter()
             .map(|&(e, se, r)| e / (se + r).max(1e-300))
