@@ -18,7 +18,8 @@ use burn::backend::Flex;
 use clap::Args;
 
 use kiln::model::mvn::bench::{
-    BenchSetting, RealisticRecord, RealisticSetting, load_realistic, run_realistic, run_setting,
+    AnchorRecord, BenchSetting, RealisticSetting, compare_with_anchor, load_realistic,
+    run_realistic, run_setting,
 };
 use kiln::model::mvn::lines::{LinesSummary, answer_lines};
 use kiln::model::mvn::{HaltonMvnCdfConfig, MvnMethod};
@@ -201,29 +202,18 @@ pub struct MvnBenchArgs {
     pub anchor_r: Option<PathBuf>,
     /// With --anchor-r: the mvtnorm algorithm (`default`: GenzBretz(abseps = 1e-3), as R
     /// users call it; `tight`: abseps = 1e-6, maxpts = 1e6).
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", value_parser = ["default", "tight"])]
     pub anchor_r_algorithm: String,
 }
 
-/// One line of `benches/r_mvn_reference.R`.
-#[derive(Debug, serde::Deserialize)]
-struct RAnchor {
-    d: usize,
-    mvtnorm: String,
-    algorithm: String,
-    ms_per_query_mean: f64,
-    rms_err: f64,
-    max_abs_err: f64,
-}
-
-/// Runs R mvtnorm on the fixture's queries of dimensions `d` (see `--anchor-r`).
+/// Runs `benches/r_mvn_reference.R` (`--anchor-r`) on the fixture's queries of dimensions `d`.
 fn run_r_anchor(
     script: &std::path::Path,
     fixture: &std::path::Path,
     d: &[usize],
     rounds: usize,
     algorithm: &str,
-) -> anyhow::Result<Vec<RAnchor>> {
+) -> anyhow::Result<Vec<AnchorRecord>> {
     let dims = d
         .iter()
         .map(|d| d.to_string())
@@ -265,49 +255,6 @@ fn run_r_anchor(
         .collect()
 }
 
-/// Per (threads, d): the fastest `mix` record whose RMS error is at most R's, against R's
-/// per-query time.
-fn r_comparisons(records: &[RealisticRecord], anchors: &[RAnchor]) -> Vec<serde_json::Value> {
-    let mut keys: Vec<(usize, usize)> = records
-        .iter()
-        .filter(|r| r.family == "mix")
-        .map(|r| (r.threads, r.d))
-        .collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let mut out = Vec::new();
-    for (threads, d) in keys {
-        let Some(a) = anchors.iter().find(|a| a.d == d) else {
-            continue;
-        };
-        let r_us = a.ms_per_query_mean * 1e3;
-        let best = records
-            .iter()
-            .filter(|r| r.family == "mix" && r.threads == threads && r.d == d)
-            .filter(|r| r.rms_err <= a.rms_err)
-            .min_by(|x, y| x.us_mean.total_cmp(&y.us_mean));
-        out.push(match best {
-            Some(k) => serde_json::json!({
-                "bench": "mvn-vs-r", "d": d, "threads": threads, "isa": k.isa,
-                "mvtnorm": a.mvtnorm, "algorithm": a.algorithm,
-                "r_us_per_query": r_us, "r_rms_err": a.rms_err, "r_max_abs_err": a.max_abs_err,
-                "kiln_us_per_query": k.us_mean, "kiln_rms_err": k.rms_err,
-                "kiln_max_abs_err": k.max_abs_err, "points": k.points,
-                "tolerance": k.tolerance, "mean_points": k.mean_points,
-                "ratio": r_us / k.us_mean,
-            }),
-            None => serde_json::json!({
-                "bench": "mvn-vs-r", "d": d, "threads": threads,
-                "mvtnorm": a.mvtnorm, "algorithm": a.algorithm,
-                "r_us_per_query": r_us, "r_rms_err": a.rms_err,
-                "kiln_us_per_query": null, "ratio": null,
-                "note": "no kiln setting of this run was as accurate as R: add a tighter --tolerance",
-            }),
-        });
-    }
-    out
-}
-
 /// `kiln bench mvn --realistic FILE`: one line per (threads, points, tolerance, d, family).
 fn run_realistic_bench(args: &MvnBenchArgs, path: &std::path::Path) -> anyhow::Result<()> {
     let cases: Vec<_> = load_realistic(path)?
@@ -324,6 +271,17 @@ fn run_realistic_bench(args: &MvnBenchArgs, path: &std::path::Path) -> anyhow::R
     if args.threads.contains(&0) {
         bail!("--threads has 0; expected at least 1");
     }
+    // R first: a missing R fails before minutes of kiln runs, not after.
+    let anchors = match &args.anchor_r {
+        Some(script) => Some(run_r_anchor(
+            script,
+            path,
+            &args.d,
+            args.rounds,
+            &args.anchor_r_algorithm,
+        )?),
+        None => None,
+    };
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let mut all = Vec::new();
@@ -394,39 +352,33 @@ fn run_realistic_bench(args: &MvnBenchArgs, path: &std::path::Path) -> anyhow::R
             }
         }
     }
-    if let Some(script) = &args.anchor_r {
-        let anchors = run_r_anchor(script, path, &args.d, args.rounds, &args.anchor_r_algorithm)?;
-        for c in r_comparisons(&all, &anchors) {
-            if args.json {
-                writeln!(out, "{c}")?;
-            } else if c["ratio"].is_null() {
-                writeln!(
-                    out,
-                    "vs R mvtnorm ({}): d {:>2}, {} thr: R RMS {:.2e}; {}",
-                    c["algorithm"].as_str().unwrap_or("?"),
-                    c["d"],
-                    c["threads"],
-                    c["r_rms_err"].as_f64().unwrap_or(f64::NAN),
-                    c["note"].as_str().unwrap_or("")
-                )?;
-            } else {
-                let f = |k: &str| c[k].as_f64().unwrap_or(f64::NAN);
-                writeln!(
-                    out,
-                    "vs R mvtnorm {} ({}): d {:>2}, {} thr: R {:.1} µs (RMS {:.2e}), kiln {:.1} µs \
-                     (RMS {:.2e}, tol {}), {:.1}×",
-                    c["mvtnorm"].as_str().unwrap_or("?"),
-                    c["algorithm"].as_str().unwrap_or("?"),
-                    c["d"],
-                    c["threads"],
-                    f("r_us_per_query"),
-                    f("r_rms_err"),
-                    f("kiln_us_per_query"),
-                    f("kiln_rms_err"),
-                    c["tolerance"],
-                    f("ratio")
-                )?;
-            }
+    for c in compare_with_anchor(&all, anchors.as_deref().unwrap_or_default()) {
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(&c)?)?;
+            continue;
+        }
+        let a = &c.anchor;
+        let head = format!(
+            "vs R mvtnorm {} ({}): d {:>2}, {} thr: R {:.1} µs (RMS {:.2e})",
+            a.mvtnorm,
+            a.algorithm,
+            c.d,
+            c.threads,
+            a.ms_per_query_mean * 1e3,
+            a.rms_err
+        );
+        match (&c.kiln, c.ratio) {
+            (Some(k), Some(ratio)) => writeln!(
+                out,
+                "{head}, kiln {:.1} µs (RMS {:.2e}, tolerance {}), {ratio:.1}×",
+                k.us_mean,
+                k.rms_err,
+                k.tolerance.map_or("none".into(), |t| format!("{t:.1e}"))
+            )?,
+            _ => writeln!(
+                out,
+                "{head}: no kiln setting of this run was as accurate; add a tighter --tolerance"
+            )?,
         }
     }
     Ok(())
@@ -529,58 +481,6 @@ pub fn run_bench(args: &MvnBenchArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mix(d: usize, threads: usize, tol: f64, us: f64, rms: f64) -> RealisticRecord {
-        serde_json::from_value(serde_json::json!({
-            "bench": "mvn-realistic", "family": "mix", "d": d, "isa": "avx2",
-            "threads": threads, "points": 65536, "randomizations": 8, "tolerance": tol,
-            "queries": 64, "copies": 1, "us_p50": us, "us_p99": us, "us_max": us,
-            "us_mean": us, "p99_over_p50": 1.0, "evals_per_s": 1e6 / us,
-            "max_abs_err": 3.0 * rms, "mean_abs_err": rms, "rms_err": rms,
-            "max_err_over_se": 1.0, "mean_se": rms, "max_ref_err": 1e-12, "mean_points": 256.0,
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn the_r_comparison_takes_the_fastest_setting_at_least_as_accurate_as_r() {
-        let anchors: Vec<RAnchor> = [
-            r#"{"bench":"r-mvtnorm","mvtnorm":"1.1.3","algorithm":"default","d":4,"ms_per_query_mean":0.8,"rms_err":4e-5,"max_abs_err":2e-4}"#,
-            r#"{"bench":"r-mvtnorm","mvtnorm":"1.1.3","algorithm":"default","d":12,"ms_per_query_mean":30.0,"rms_err":5e-7,"max_abs_err":2e-6}"#,
-        ]
-        .iter()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-        let records = vec![
-            // Fastest at d = 4, but less accurate than R: not eligible.
-            mix(4, 1, 1e-4, 40.0, 5e-5),
-            mix(4, 1, 5e-5, 60.0, 3e-5),
-            mix(4, 1, 1e-5, 250.0, 9e-6),
-            // Another thread count is its own comparison.
-            mix(4, 2, 5e-5, 45.0, 3e-5),
-            // Nothing as accurate as R at d = 12.
-            mix(12, 1, 1e-6, 1900.0, 9e-7),
-        ];
-        let c = r_comparisons(&records, &anchors);
-        assert_eq!(c.len(), 3, "{c:#?}");
-        assert_eq!(
-            (c[0]["d"].as_u64(), c[0]["threads"].as_u64()),
-            (Some(4), Some(1))
-        );
-        assert_eq!(c[0]["tolerance"], 5e-5);
-        assert!((c[0]["ratio"].as_f64().unwrap() - 800.0 / 60.0).abs() < 1e-9);
-        // By thread count, then d.
-        assert_eq!(c[1]["d"], 12);
-        assert!(c[1]["ratio"].is_null());
-        assert!(
-            c[1]["note"]
-                .as_str()
-                .unwrap()
-                .contains("tighter --tolerance")
-        );
-        assert_eq!(c[2]["threads"], 2);
-        assert!((c[2]["ratio"].as_f64().unwrap() - 800.0 / 45.0).abs() < 1e-9);
-    }
 
     #[test]
     fn mvn_command_answers_every_line_and_counts_failures() {

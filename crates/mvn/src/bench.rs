@@ -419,6 +419,72 @@ pub struct RealisticRecord {
 }
 
 /// The p-th quantile (0 ≤ p ≤ 1) of sorted values, by linear interpolation.
+/// One line of `benches/r_mvn_reference.R` (R mvtnorm's `pmvnorm` on the realistic fixture):
+/// one dimension's mean time per query and its errors against the fixture's references.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnchorRecord {
+    /// The dimension.
+    pub d: usize,
+    /// mvtnorm's version.
+    pub mvtnorm: String,
+    /// `default` (GenzBretz(abseps = 1e-3)) or `tight`.
+    pub algorithm: String,
+    /// Mean over the queries of each query's median time, ms.
+    pub ms_per_query_mean: f64,
+    /// RMS of estimate − reference.
+    pub rms_err: f64,
+    /// Largest |estimate − reference|.
+    pub max_abs_err: f64,
+}
+
+/// kiln against an anchor at one (threads, d): the fastest `mix` record whose RMS error is at
+/// most the anchor's (`kiln` is `None` when none of the run's settings was that accurate).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AnchorComparison {
+    /// Always `mvn-vs-r`.
+    pub bench: &'static str,
+    /// The dimension.
+    pub d: usize,
+    /// kiln's thread count.
+    pub threads: usize,
+    /// The anchor's line.
+    pub anchor: AnchorRecord,
+    /// The chosen kiln record.
+    pub kiln: Option<RealisticRecord>,
+    /// Anchor time ÷ kiln time per query (`None` without a kiln record).
+    pub ratio: Option<f64>,
+}
+
+/// Per (threads, d) of the `mix` records with an anchor line: the fastest record at or below
+/// the anchor's RMS error, sorted by threads then d — a comparison at matched accuracy, never
+/// one where kiln is less accurate.
+pub fn compare_with_anchor(
+    records: &[RealisticRecord],
+    anchors: &[AnchorRecord],
+) -> Vec<AnchorComparison> {
+    let mut best: BTreeMap<(usize, usize), (&AnchorRecord, Option<&RealisticRecord>)> =
+        BTreeMap::new();
+    for r in records.iter().filter(|r| r.family == "mix") {
+        let Some(a) = anchors.iter().find(|a| a.d == r.d) else {
+            continue;
+        };
+        let (_, slot) = best.entry((r.threads, r.d)).or_insert((a, None));
+        if r.rms_err <= a.rms_err && slot.is_none_or(|b| r.us_mean < b.us_mean) {
+            *slot = Some(r);
+        }
+    }
+    best.into_iter()
+        .map(|((threads, d), (anchor, k))| AnchorComparison {
+            bench: "mvn-vs-r",
+            d,
+            threads,
+            ratio: k.map(|k| anchor.ms_per_query_mean * 1e3 / k.us_mean),
+            kiln: k.cloned(),
+            anchor: anchor.clone(),
+        })
+        .collect()
+}
+
 fn quantile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -576,6 +642,66 @@ fn summarise(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mix(d: usize, threads: usize, tol: f64, us: f64, rms: f64) -> RealisticRecord {
+        RealisticRecord {
+            bench: "mvn-realistic".into(),
+            family: "mix".into(),
+            d,
+            isa: "avx2".into(),
+            threads,
+            points: 65536,
+            randomizations: 8,
+            tolerance: Some(tol),
+            queries: 64,
+            copies: 1,
+            us_p50: us,
+            us_p99: us,
+            us_max: us,
+            us_mean: us,
+            p99_over_p50: 1.0,
+            evals_per_s: 1e6 / us,
+            max_abs_err: 3.0 * rms,
+            mean_abs_err: rms,
+            rms_err: rms,
+            max_err_over_se: 1.0,
+            mean_se: rms,
+            max_ref_err: 1e-12,
+            mean_points: 256.0,
+        }
+    }
+
+    #[test]
+    fn the_anchor_comparison_takes_the_fastest_setting_at_least_as_accurate() {
+        let anchor = |d: usize, ms: f64, rms: f64| AnchorRecord {
+            d,
+            mvtnorm: "1.1.3".into(),
+            algorithm: "default".into(),
+            ms_per_query_mean: ms,
+            rms_err: rms,
+            max_abs_err: 4.0 * rms,
+        };
+        let anchors = [anchor(4, 0.8, 4e-5), anchor(12, 30.0, 5e-7)];
+        let records = vec![
+            // Fastest at d = 4, but less accurate than R: not eligible.
+            mix(4, 1, 1e-4, 40.0, 5e-5),
+            mix(4, 1, 1e-5, 250.0, 9e-6),
+            mix(4, 1, 5e-5, 60.0, 3e-5),
+            // Another thread count is its own comparison.
+            mix(4, 2, 5e-5, 45.0, 3e-5),
+            // Nothing as accurate as R at d = 12.
+            mix(12, 1, 1e-6, 1900.0, 9e-7),
+            // No anchor line for d = 8: no comparison.
+            mix(8, 1, 1e-5, 300.0, 1e-6),
+        ];
+        let c = compare_with_anchor(&records, &anchors);
+        let keys: Vec<_> = c.iter().map(|c| (c.threads, c.d)).collect();
+        assert_eq!(keys, [(1, 4), (1, 12), (2, 4)]);
+        assert_eq!(c[0].kiln.as_ref().unwrap().tolerance, Some(5e-5));
+        assert!((c[0].ratio.unwrap() - 800.0 / 60.0).abs() < 1e-9);
+        assert!(c[1].kiln.is_none() && c[1].ratio.is_none());
+        assert!((c[2].ratio.unwrap() - 800.0 / 45.0).abs() < 1e-9);
+    }
 
     #[test]
     fn references_agree_with_each_other() {
