@@ -277,18 +277,38 @@ pub fn train(args: &BenchTrainArgs) -> CliResult {
         }
     } else {
         println!(
-            "{:>7} {:>14} {:>10} {:>10} {:>8} {:>8}",
-            "workers", "samples/s", "data wait", "rows", "steps", "wall s"
+            "{:>7} {:>14} {:>10} {:>10} {:>8} {:>8}   µs per step: {:>6} {:>6} {:>7} {:>6} {:>8} {:>6} {:>9}",
+            "workers",
+            "samples/s",
+            "data wait",
+            "rows",
+            "steps",
+            "wall s",
+            "data",
+            "h2d",
+            "forward",
+            "loss",
+            "backward",
+            "clip",
+            "optimizer"
         );
         for r in &results {
+            let p = &r.step_us;
             println!(
-                "{:>7} {:>14.0} {:>9.1}% {:>10} {:>8} {:>8.1}",
+                "{:>7} {:>14.0} {:>9.1}% {:>10} {:>8} {:>8.1}                {:>6.1} {:>6.1} {:>7.1} {:>6.1} {:>8.1} {:>6.1} {:>9.1}",
                 r.workers,
                 r.samples_per_s,
                 r.data_wait_frac * 100.0,
                 r.train_rows,
                 r.steps,
-                r.wall_s
+                r.wall_s,
+                p.data,
+                p.h2d,
+                p.forward,
+                p.loss,
+                p.backward,
+                p.clip,
+                p.optimizer
             );
         }
     }

@@ -209,6 +209,23 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
         let e: serde_json::Value = serde_json::from_str(line).unwrap();
         wait_s += e["data_wait_s"].as_f64().unwrap();
         compute_s += e["compute_s"].as_f64().unwrap();
+        // The per-phase split of the step: data is the loader wait, the compute phases are
+        // each measured and together fit inside the epoch's compute time.
+        let ph = &e["phase_s"];
+        assert_eq!(ph["data"].as_f64(), e["data_wait_s"].as_f64(), "{e}");
+        let mut sum = 0.0;
+        for k in ["h2d", "forward", "loss", "backward", "clip", "optimizer"] {
+            let v = ph[k]
+                .as_f64()
+                .unwrap_or_else(|| panic!("phase_s.{k} in {e}"));
+            assert!(v > 0.0, "phase {k} measured nothing: {e}");
+            sum += v;
+        }
+        let c = e["compute_s"].as_f64().unwrap();
+        assert!(
+            sum <= c * 1.000001 && sum > 0.5 * c,
+            "phases {sum} vs compute {c}"
+        );
     }
     assert!(compute_s > 0.0, "the epochs measured their compute");
     let wait = wait_s / (wait_s + compute_s);

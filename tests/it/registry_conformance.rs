@@ -102,6 +102,7 @@ fn epoch(stage: usize, e: usize) -> EpochRecord {
         data_wait_s: 0.25 + e as f64,
         compute_s: 2.25,
         validation_s: 0.125,
+        phase_s: Default::default(),
     }
 }
 

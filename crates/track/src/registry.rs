@@ -810,6 +810,7 @@ impl Registry {
                 data_wait_s: seconds(r[12].real()),
                 compute_s: seconds(r[13].real()),
                 validation_s: seconds(r[14].real()),
+                phase_s: Default::default(),
             })
             .collect())
     }
@@ -912,6 +913,7 @@ mod tests {
             data_wait_s: 0.25 + e as f64,
             compute_s: 2.25,
             validation_s: 0.125,
+            phase_s: Default::default(),
         }
     }
 

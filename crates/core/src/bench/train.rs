@@ -18,6 +18,7 @@ use serde::Serialize;
 use super::BenchError;
 use crate::config::{self, LoadedConfig};
 use crate::data::synthetic::{self, SyntheticSpec};
+use crate::records::StepPhases;
 use crate::train::train_cpu;
 
 /// What to run.
@@ -77,6 +78,9 @@ pub struct TrainResult {
     pub steps: u64,
     /// Wall time of the whole run (data loading, training, validation, export), seconds.
     pub wall_s: f64,
+    /// Mean microseconds per step by phase (data wait, tensors, forward, loss, backward,
+    /// clipping, optimizer).
+    pub step_us: StepPhases,
 }
 
 /// The experiment config text for the benchmark.
@@ -179,6 +183,7 @@ pub fn run_train(opts: &TrainBenchOptions) -> Result<Vec<TrainResult>, BenchErro
                 epochs: stage.epochs,
                 steps: stage.steps,
                 wall_s,
+                step_us: stage.step_us,
             });
         }
         Ok(results)

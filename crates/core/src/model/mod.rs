@@ -3,6 +3,7 @@
 
 /// The multivariate-normal CDF estimator (the `kiln-mvn` crate).
 pub use kiln_mvn as mvn;
+pub mod fused_linear;
 pub mod regression;
 
 pub use regression::{RegressionNet, RegressionNetConfig, RegressionOutput};

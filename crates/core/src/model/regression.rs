@@ -157,14 +157,14 @@ impl<B: Backend> RegressionNet<B> {
                 .copied()
                 .unwrap_or("RegressionNet/backbone/n");
             let _s = crate::prof_span!("module", path = _path, shape = ?h.dims()).entered();
-            h = apply_activation(layer.forward(h), self.activation);
+            h = layer_forward(layer, h, Some(self.activation));
             crate::observe::profiler::sync::<B>(&device);
         }
         let mean = {
             let _s =
                 crate::prof_span!("module", path = "RegressionNet/mean_head", shape = ?h.dims())
                     .entered();
-            let m = self.mean_head.forward(h.clone());
+            let m = layer_forward(&self.mean_head, h.clone(), None);
             crate::observe::profiler::sync::<B>(&device);
             m
         };
@@ -172,7 +172,7 @@ impl<B: Backend> RegressionNet<B> {
             let _s =
                 crate::prof_span!("module", path = "RegressionNet/logvar_head", shape = ?h.dims())
                     .entered();
-            let v = self.logvar_head.forward(h);
+            let v = layer_forward(&self.logvar_head, h, None);
             crate::observe::profiler::sync::<B>(&device);
             v
         };
@@ -206,6 +206,29 @@ const LAYER_PATHS: [&str; 8] = [
     "RegressionNet/backbone/6",
     "RegressionNet/backbone/7",
 ];
+
+/// `act(layer(x))`: one fused autodiff operation on the default training backend for ReLU or
+/// no activation ([`super::fused_linear`]), Burn's `linear` and activation otherwise.
+fn layer_forward<B: Backend>(
+    layer: &Linear<B>,
+    x: Tensor<B, 2>,
+    act: Option<Activation>,
+) -> Tensor<B, 2> {
+    let x = match act {
+        None | Some(Activation::Relu) => {
+            match super::fused_linear::linear_act(layer, x, act.is_some()) {
+                Ok(y) => return y,
+                Err(x) => x,
+            }
+        }
+        Some(_) => x,
+    };
+    let z = layer.forward(x);
+    match act {
+        Some(a) => apply_activation(z, a),
+        None => z,
+    }
+}
 
 /// Apply a hidden activation.
 pub fn apply_activation<B: Backend, const D: usize>(

@@ -35,4 +35,61 @@ pub struct EpochRecord {
     pub compute_s: f64,
     /// Seconds of validation.
     pub validation_s: f64,
+    /// Seconds of the epoch's steps by phase (`data` is `data_wait_s`; the others add up to
+    /// `compute_s` but for the bookkeeping between them). Absent in records written before it.
+    #[serde(default)]
+    pub phase_s: StepPhases,
+}
+
+/// Time of training steps by phase: seconds summed over an epoch ([`EpochRecord::phase_s`]),
+/// or mean microseconds per step over a stage (`StageSummary::step_us`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepPhases {
+    /// Waiting for the loader's next batch.
+    pub data: f64,
+    /// Building the batch's tensors on the device.
+    pub h2d: f64,
+    /// The forward pass.
+    pub forward: f64,
+    /// The loss and reading its value back.
+    pub loss: f64,
+    /// The backward pass and collecting the trainable gradients.
+    pub backward: f64,
+    /// Global-norm gradient clipping.
+    pub clip: f64,
+    /// The optimizer step.
+    pub optimizer: f64,
+}
+
+impl StepPhases {
+    /// Every phase multiplied by `k`.
+    pub fn scaled(self, k: f64) -> Self {
+        Self {
+            data: self.data * k,
+            h2d: self.h2d * k,
+            forward: self.forward * k,
+            loss: self.loss * k,
+            backward: self.backward * k,
+            clip: self.clip * k,
+            optimizer: self.optimizer * k,
+        }
+    }
+
+    /// The phase-wise sum.
+    pub fn plus(self, o: Self) -> Self {
+        Self {
+            data: self.data + o.data,
+            h2d: self.h2d + o.h2d,
+            forward: self.forward + o.forward,
+            loss: self.loss + o.loss,
+            backward: self.backward + o.backward,
+            clip: self.clip + o.clip,
+            optimizer: self.optimizer + o.optimizer,
+        }
+    }
+
+    /// The sum of the phases.
+    pub fn total(&self) -> f64 {
+        self.data + self.h2d + self.forward + self.loss + self.backward + self.clip + self.optimizer
+    }
 }

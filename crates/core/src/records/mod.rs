@@ -9,7 +9,7 @@ pub mod repository;
 mod run_dir;
 mod run_rows;
 
-pub use epoch::EpochRecord;
+pub use epoch::{EpochRecord, StepPhases};
 pub use observer::{ObserverError, RunObserver};
 pub use run_dir::{RunDir, RunState, RunStatus};
 pub use run_rows::{NewRun, RunEnd};

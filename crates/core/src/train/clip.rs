@@ -7,19 +7,34 @@
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_flex::{Flex, FlexTensor};
 
-/// Collects `Σ g²` of every parameter that has a gradient.
+use crate::model::fused_linear::cast;
+
+/// Collects `Σ g²` of every parameter that has a gradient: on `Flex` summed on the host in
+/// f64 (no tensor operations), elsewhere as one device reduction per tensor.
 struct SquaredNorms<'a, B: AutodiffBackend> {
     grads: &'a GradientsParams,
     parts: Vec<Tensor<B::InnerBackend, 1>>,
+    host: f64,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorms<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            self.parts.push(g.square().sum());
+            match cast::<_, Tensor<Flex, D>>(g) {
+                Ok(g) => {
+                    let p: FlexTensor = g.into_primitive().tensor();
+                    let sum = |s: &[f32]| s.iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+                    self.host += match p.as_slice::<f32>() {
+                        Some(s) => sum(s),
+                        None => sum(p.to_contiguous().as_slice::<f32>().expect("f32")),
+                    };
+                }
+                Err(g) => self.parts.push(g.square().sum()),
+            }
         }
     }
 }
@@ -34,7 +49,23 @@ struct Scale<'a, B: AutodiffBackend> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-            self.grads.register(param.id, g.mul_scalar(self.factor));
+            let g = match cast::<_, Tensor<Flex, D>>(g) {
+                // In place when the buffer is this gradient's alone (it is, after `remove`).
+                Ok(g) => {
+                    let f = self.factor as f32;
+                    let p: FlexTensor = g.into_primitive().tensor();
+                    // A canonical layout over the whole buffer (a clone of `p` when it has
+                    // one; `p` is dropped here, so the buffer stays unshared).
+                    let mut p = p.to_contiguous();
+                    for v in p.storage_mut::<f32>() {
+                        *v *= f;
+                    }
+                    let g = Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(p));
+                    cast(g).map_err(|_| ()).expect("InnerBackend is Flex")
+                }
+                Err(g) => g.mul_scalar(self.factor),
+            };
+            self.grads.register(param.id, g);
         }
     }
 }
@@ -48,17 +79,19 @@ pub fn global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut v = SquaredNorms::<B> {
         grads,
         parts: Vec::new(),
+        host: 0.0,
     };
     module.visit(&mut v);
     if v.parts.is_empty() {
-        return 0.0;
+        return v.host.sqrt();
     }
-    let total: f64 = Tensor::cat(v.parts, 0)
-        .into_data()
-        .convert::<f64>()
-        .to_vec::<f64>()
-        .map(|v| v.iter().sum())
-        .unwrap_or(f64::NAN);
+    let total: f64 = v.host
+        + Tensor::cat(v.parts, 0)
+            .into_data()
+            .convert::<f64>()
+            .to_vec::<f64>()
+            .map(|v| v.iter().sum())
+            .unwrap_or(f64::NAN);
     total.sqrt()
 }
 

@@ -26,7 +26,7 @@ use crate::config::{ExperimentConfig, LoadedConfig};
 use crate::data::DataError;
 use crate::model::RegressionNet;
 use crate::observe::verdict::Verdict;
-use crate::records::{EpochRecord, RunDir, RunObserver};
+use crate::records::{EpochRecord, RunDir, RunObserver, StepPhases};
 
 /// Errors that end a training run.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +120,9 @@ pub struct StageSummary {
     pub best_val_loss: f64,
     /// The epoch (1-based) it came from.
     pub best_epoch: usize,
+    /// Mean microseconds per step by phase (zero for epochs recorded before phases were).
+    #[serde(default)]
+    pub step_us: StepPhases,
 }
 
 /// The result of a finished run.
@@ -177,7 +180,11 @@ pub fn summarise(cfg: &ExperimentConfig, history: &[EpochRecord]) -> Vec<StageSu
                 .min_by(|a, b| a.val_loss.total_cmp(&b.val_loss))
                 .map(|r| (r.val_loss, r.epoch + 1))
                 .unwrap_or((f64::NAN, 0));
+            let phases = h
+                .iter()
+                .fold(StepPhases::default(), |acc, r| acc.plus(r.phase_s));
             StageSummary {
+                step_us: phases.scaled(1e6 / steps.max(1) as f64),
                 name: s.name.clone(),
                 epochs: h.len(),
                 steps,

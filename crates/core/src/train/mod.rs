@@ -8,6 +8,7 @@
 //!   normalisation fit on the training split; [`distill`]: the teacher and the distillation
 //!   losses.
 
+pub mod adamw;
 pub mod clip;
 pub mod distill;
 pub mod evaluate;

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, GradientsParams, Optimizer};
+use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 
+use super::adamw::{KilnAdamW, stage_optimizer};
 use super::clip::clip_global_norm;
 use super::distill::{distill_loss, widen_targets};
 use super::evaluate::{mse_normalised, nll_normalised, predict_split};
@@ -26,7 +27,7 @@ use super::job::{TrainError, TrainJob, io_err};
 use super::prepare::Prepared;
 use super::progress::Reporter;
 use super::schedule::LrSchedule;
-use super::stage::{adamw, part_param_ids, set_trainable, stage_loss};
+use super::stage::{part_param_ids, set_trainable, stage_loss};
 use super::state::{self, Progress, Snapshot};
 use crate::config::{Loss, Part, StageConfig};
 use crate::data::dataset::{Affine, sha256_hex};
@@ -35,10 +36,10 @@ use crate::model::RegressionNet;
 use crate::observe::profiler::{self, SortBy, StepProfiler};
 use crate::observe::resources::{self, Monitor};
 use crate::observe::schedule::Schedule;
-use crate::records::EpochRecord;
+use crate::records::{EpochRecord, StepPhases};
 
 /// The optimizer a stage builds afresh.
-type StageOptimizer<B> = OptimizerAdaptor<AdamW, RegressionNet<B>, B>;
+type StageOptimizer<B> = OptimizerAdaptor<KilnAdamW, RegressionNet<B>, B>;
 
 /// How a stage ended.
 pub(crate) enum StageEnd {
@@ -281,7 +282,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             m.mark(&stage.name);
         }
         self.model = set_trainable(self.model.clone(), &stage.trainable);
-        let mut optim = adamw(stage).init::<B, RegressionNet<B>>();
+        let mut optim = stage_optimizer::<B, RegressionNet<B>>(stage);
         if let Some(p) = self.pending_optim.take() {
             optim = optim.load_record(state::decode::<B, _>(&p, &self.device)?);
         }
@@ -355,6 +356,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         self.reporter
             .epoch_start(&stage.name, epoch, stage.epochs, n_batches);
         let (mut wait, mut compute) = (Duration::ZERO, Duration::ZERO);
+        let mut phases = StepPhases::default();
         let (mut loss_sum, mut norm_sum, mut norm_max, mut clipped) = (0.0, 0.0, 0.0f64, 0u64);
         let (mut steps, mut samples) = (0u64, 0usize);
         let mut lr = schedule.lr(self.progress.stage_step);
@@ -382,6 +384,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             let rows = batch.rows;
             let w = (!batch.w.is_empty())
                 .then(|| Tensor::<B, 2>::from_data(TensorData::new(batch.w, [rows, 1]), &device));
+            let mut clock = PhaseClock(t1);
             let (x, y) = {
                 let _s = crate::prof_span!("h2d", shape = ?[rows, nf]).entered();
                 let x = Tensor::<B, 2>::from_data(TensorData::new(batch.x, [rows, nf]), &device);
@@ -391,12 +394,14 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
                 profiler::sync::<B>(&device);
                 (x, y)
             };
+            phases.h2d += clock.lap();
             let out = {
                 let _s = crate::prof_span!("forward", shape = ?[rows, nf]).entered();
                 let out = self.model.forward(x);
                 profiler::sync::<B>(&device);
                 out
             };
+            phases.forward += clock.lap();
             let (loss, loss_value) = {
                 let _s = crate::prof_span!("loss").entered();
                 let loss = if y.dims()[1] > nt {
@@ -407,6 +412,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
                 let v: f64 = loss.clone().into_scalar().elem::<f64>();
                 (loss, v)
             };
+            phases.loss += clock.lap();
             if !loss_value.is_finite() {
                 return Err(TrainError::Diverged {
                     stage: si,
@@ -423,10 +429,12 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
                 profiler::sync::<B>(&device);
                 grads
             };
+            phases.backward += clock.lap();
             let norm = {
                 let _s = crate::prof_span!("clip").entered();
                 clip_global_norm::<B, _>(&self.model, &mut grads, stage.clip_norm)
             };
+            phases.clip += clock.lap();
             lr = schedule.lr(self.progress.stage_step);
             self.model = {
                 let _s = crate::prof_span!("optimizer_step").entered();
@@ -434,6 +442,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
                 profiler::sync::<B>(&device);
                 m
             };
+            phases.optimizer += clock.lap();
             drop(step_span);
             let t2 = Instant::now();
             let (dw, dc) = (t1 - t0, t2 - t1);
@@ -513,6 +522,10 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             data_wait_s: wait.as_secs_f64(),
             compute_s: compute.as_secs_f64(),
             validation_s,
+            phase_s: StepPhases {
+                data: wait.as_secs_f64(),
+                ..phases
+            },
         };
         let improved = val_loss.is_finite() && self.progress.best_val.is_none_or(|b| val_loss < b);
         if improved {
@@ -670,6 +683,18 @@ fn open_logs(
 }
 
 /// The loader's epoch label: distinct for every (stage, epoch).
+/// Seconds since the previous lap.
+struct PhaseClock(Instant);
+
+impl PhaseClock {
+    fn lap(&mut self) -> f64 {
+        let now = Instant::now();
+        let d = now - self.0;
+        self.0 = now;
+        d.as_secs_f64()
+    }
+}
+
 fn epoch_label(stage: usize, epoch: usize) -> u64 {
     ((stage as u64) << 32) | epoch as u64
 }

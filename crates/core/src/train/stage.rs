@@ -140,7 +140,7 @@ mod tests {
         let mut lin: Linear<B> =
             crate::model::regression::linear_from(w0.to_vec(), vec![0.0], 3, 1, &d);
         let st = stage(lr, wd);
-        let mut optim = adamw(&st).init::<B, Linear<B>>();
+        let mut optim = super::super::adamw::stage_optimizer::<B, Linear<B>>(&st);
         let mut expect: Vec<f64> = w0.iter().map(|&v| v as f64).collect();
         for _ in 0..2 {
             let ct = Tensor::<B, 2>::from_data(TensorData::new(c.to_vec(), [3, 1]), &d);

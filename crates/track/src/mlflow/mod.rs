@@ -1081,6 +1081,7 @@ mod tests {
             data_wait_s: 0.0,
             compute_s: 0.0,
             validation_s: 0.0,
+            phase_s: Default::default(),
         }
     }
 
