@@ -52,18 +52,16 @@ pub fn stage_optimizer<B: AutodiffBackend, M: AutodiffModule<B>>(
     OptimizerAdaptor::from(KilnAdamW::new(stage))
 }
 
-fn host_vec<const D: usize>(t: Tensor<Flex, D>) -> Vec<f32> {
+/// The tensor's buffer in a canonical layout, unshared (copied only when something else
+/// still holds it), ready to update in place.
+fn owned<const D: usize>(t: Tensor<Flex, D>) -> FlexTensor {
     let p: FlexTensor = t.into_primitive().tensor();
-    match p.as_slice::<f32>() {
-        Some(s) => s.to_vec(),
-        None => p.to_contiguous().as_slice::<f32>().expect("f32").to_vec(),
-    }
+    // A clone of `p` when its layout is already canonical; `p` is dropped here.
+    p.to_contiguous()
 }
 
-fn tensor<const D: usize>(v: Vec<f32>, dims: [usize; D]) -> Tensor<Flex, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(FlexTensor::from_data(
-        TensorData::new(v, dims),
-    )))
+fn wrap<const D: usize>(p: FlexTensor) -> Tensor<Flex, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
 }
 
 impl KilnAdamW {
@@ -76,45 +74,56 @@ impl KilnAdamW {
         state: Option<AdamWState<Flex, D>>,
     ) -> (Tensor<Flex, D>, AdamWState<Flex, D>) {
         let dims = param.dims();
+        assert_eq!(param.shape().num_elements(), grad.shape().num_elements());
         let (b1, b2) = (self.beta_1, self.beta_2);
         let (f1, f2) = (1.0f32 - b1, 1.0f32 - b2);
-        let g = host_vec(grad);
-        let (mut m, mut v, time) = match state {
-            Some(s) => {
-                let mo = s.momentum;
-                let mut m = host_vec(mo.moment_1);
-                let mut v = host_vec(mo.moment_2);
-                for ((m, v), g) in m.iter_mut().zip(v.iter_mut()).zip(&g) {
-                    *m = *m * b1 + *g * f1;
-                    *v = *v * b2 + (*g * *g) * f2;
-                }
-                (m, v, mo.time + 1)
-            }
+        let g = owned(grad);
+        let g = g.as_slice::<f32>().expect("contiguous f32");
+        let (m, v, time) = match state {
+            Some(s) => (
+                owned(s.momentum.moment_1),
+                owned(s.momentum.moment_2),
+                s.momentum.time + 1,
+            ),
             None => (
-                g.iter().map(|g| g * f1).collect::<Vec<f32>>(),
-                g.iter().map(|g| (g * g) * f2).collect::<Vec<f32>>(),
+                FlexTensor::from_data(TensorData::new(vec![0.0f32; g.len()], dims)),
+                FlexTensor::from_data(TensorData::new(vec![0.0f32; g.len()], dims)),
                 1,
             ),
         };
+        let first = time == 1;
         let t = time as i32;
         let (c1, c2) = (1f32 - b1.powi(t), 1f32 - b2.powi(t));
         let decay_rate = lr * self.weight_decay as f64;
         let keep = (1.0 - decay_rate) as f32;
         let lr32 = lr as f32;
-        let mut w = host_vec(param);
-        for ((w, m), v) in w.iter_mut().zip(&m).zip(&v) {
-            let delta = (m / c1) / ((v / c2).sqrt() + self.epsilon);
-            let decayed = if decay_rate == 0.0 { *w } else { *w * keep };
-            *w = decayed - delta * lr32;
+        let (mut m, mut v, mut w) = (m, v, owned(param));
+        {
+            let (ms, vs, ws) = (
+                m.storage_mut::<f32>(),
+                v.storage_mut::<f32>(),
+                w.storage_mut::<f32>(),
+            );
+            for (((m, v), w), g) in ms.iter_mut().zip(vs.iter_mut()).zip(ws.iter_mut()).zip(g) {
+                if first {
+                    *m = *g * f1;
+                    *v = (*g * *g) * f2;
+                } else {
+                    *m = *m * b1 + *g * f1;
+                    *v = *v * b2 + (*g * *g) * f2;
+                }
+                let delta = (*m / c1) / ((*v / c2).sqrt() + self.epsilon);
+                let decayed = if decay_rate == 0.0 { *w } else { *w * keep };
+                *w = decayed - delta * lr32;
+            }
         }
-        let (m, v) = (std::mem::take(&mut m), std::mem::take(&mut v));
         let momentum = AdaptiveMomentumState {
             time,
-            moment_1: tensor(m, dims),
-            moment_2: tensor(v, dims),
+            moment_1: wrap(m),
+            moment_2: wrap(v),
             max_moment_2: None,
         };
-        (tensor(w, dims), AdamWState { momentum })
+        (wrap(w), AdamWState { momentum })
     }
 }
 
