@@ -34,6 +34,10 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
         "profile.record_shapes=true".to_string(),
         "profile.profile_memory=true".to_string(),
         "profile.with_stack=true".to_string(),
+        // One queued batch per worker: a worker starts its next load only when the step takes
+        // its last one, so loads begin inside the recorded steps however fast a step is (with
+        // deeper prefetch the workers can finish every load before the window opens).
+        "loader.prefetch=2".to_string(),
     ];
     let (c, text) = config::apply_overrides(&loaded.config, &sets, &loaded.path).unwrap();
     loaded.config = c;
