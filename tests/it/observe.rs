@@ -71,11 +71,16 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
         "RegressionNet",
         "RegressionNet/backbone/0",
         "RegressionNet/mean_head",
-        "RegressionNet/logvar_head",
         "load_batch",
     ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
+    // Steps 3..=5 are in the MSE stage, whose loss reads no log-variance: that head's
+    // forward pass is left out of the step.
+    assert!(
+        !names.contains(&"RegressionNet/logvar_head"),
+        "an MSE step runs the log-variance head: {names:?}"
+    );
     assert_eq!(names.iter().filter(|n| **n == "train_step").count(), 3);
     let mut steps: Vec<u64> = ev
         .iter()
@@ -178,8 +183,12 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     .iter()
     .map(|n| total(n))
     .sum();
+    // The phases fit inside the step and are a good part of it. Not most of it: with
+    // `profile_memory` the profiler reads the memory counters as each span closes, time
+    // that falls in the enclosing step but in none of its phases (about half of a 90 µs
+    // step of this network here; without it the step's own time is about a tenth).
     assert!(
-        phases <= step + 1e-3 && phases > 0.5 * step,
+        phases <= step + 1e-3 && phases > 0.25 * step,
         "phases {phases} vs step {step}"
     );
     assert!(total("RegressionNet/backbone/0") <= total("forward") + 1e-3);

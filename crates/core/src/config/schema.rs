@@ -834,6 +834,11 @@ impl Loss {
     pub fn is_distill(self) -> bool {
         matches!(self, Loss::DistillMse | Loss::DistillNll)
     }
+
+    /// Whether the loss reads the log-variance head (the NLLs); the MSEs read the mean only.
+    pub fn reads_log_var(self) -> bool {
+        matches!(self, Loss::GaussianNll | Loss::DistillNll)
+    }
 }
 
 /// Distillation: the student (this config's network) learns from a teacher's predictions,

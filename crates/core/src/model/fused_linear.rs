@@ -62,12 +62,14 @@ pub fn linear_act<B: Backend>(
     let Some(bias) = &layer.bias else {
         return Err(x);
     };
-    let x: Tensor<Ad, 2> = cast(x)?;
-    if x.dtype() != DType::F32 {
-        return Err(cast(x).map_err(|_| ()).expect("same type"));
+    let (w, b) = (layer.weight.val(), bias.val());
+    // Every operand f32 (a layer of another precision takes Burn's ops).
+    if [x.dtype(), w.dtype(), b.dtype()] != [DType::F32; 3] {
+        return Err(x);
     }
-    let w: Tensor<Ad, 2> = cast(layer.weight.val()).map_err(|_| ()).expect("B is Ad");
-    let b: Tensor<Ad, 1> = cast(bias.val()).map_err(|_| ()).expect("B is Ad");
+    let x: Tensor<Ad, 2> = cast(x)?;
+    let w: Tensor<Ad, 2> = cast(w).map_err(|_| ()).expect("B is Ad");
+    let b: Tensor<Ad, 1> = cast(b).map_err(|_| ()).expect("B is Ad");
     let y = fused(x, w, b, relu);
     Ok(cast(y).map_err(|_| ()).expect("B is Ad"))
 }
@@ -172,7 +174,25 @@ struct View<'a> {
     cs: usize,
 }
 
-impl View<'_> {
+impl<'a> View<'a> {
+    /// A row-major matrix with `cols` columns.
+    fn row_major(data: &'a [f32], cols: usize) -> Self {
+        Self {
+            data,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix with `cols` columns (its strides swapped).
+    fn transposed(data: &'a [f32], cols: usize) -> Self {
+        Self {
+            data,
+            rs: 1,
+            cs: cols,
+        }
+    }
+
     fn covers(&self, rows: usize, cols: usize) -> bool {
         rows == 0 || cols == 0 || self.data.len() > (rows - 1) * self.rs + (cols - 1) * self.cs
     }
@@ -216,16 +236,8 @@ fn matmul(m: usize, n: usize, k: usize, a: View, b: View) -> Vec<f32> {
 
 /// `y = act(x·w + b)` for `x` `m × k`, `w` `k × n`, `b` `n`.
 fn forward(x: &[f32], w: &[f32], b: &[f32], [m, k, n]: [usize; 3], relu: bool) -> Vec<f32> {
-    let xv = View {
-        data: x,
-        rs: k,
-        cs: 1,
-    };
-    let wv = View {
-        data: w,
-        rs: n,
-        cs: 1,
-    };
+    let xv = View::row_major(x, k);
+    let wv = View::row_major(w, n);
     let mut y = matmul(m, n, k, xv, wv);
     for row in y.chunks_exact_mut(n.max(1)) {
         for (v, b) in row.iter_mut().zip(b) {
@@ -264,18 +276,10 @@ fn backward(
     } else {
         dy[..m * n].into()
     };
-    let dzv = View {
-        data: &dz,
-        rs: n,
-        cs: 1,
-    };
+    let dzv = View::row_major(&dz, n);
     // dW = Xᵀ·dZ: Xᵀ is X with its strides swapped.
     let dw = want[1].then(|| {
-        let xt = View {
-            data: x,
-            rs: 1,
-            cs: k,
-        };
+        let xt = View::transposed(x, k);
         matmul(k, n, m, xt, dzv)
     });
     let db = want[2].then(|| {
@@ -289,11 +293,7 @@ fn backward(
     });
     // dX = dZ·Wᵀ.
     let dx = want[0].then(|| {
-        let wt = View {
-            data: w,
-            rs: 1,
-            cs: n,
-        };
+        let wt = View::transposed(w, n);
         matmul(m, k, n, dzv, wt)
     });
     Grads { dx, dw, db }
@@ -465,5 +465,11 @@ mod tests {
             bias: None,
         };
         assert!(linear_act(&lin, Tensor::zeros([1, 2], &d), true).is_err());
+        // A layer of another precision on the fused op's own backend takes Burn's ops.
+        let f64_layer = Linear::<Ad> {
+            weight: Param::from_tensor(Tensor::<Ad, 2>::zeros([2, 2], &d).cast(DType::F64)),
+            bias: Some(Param::from_tensor(Tensor::<Ad, 1>::zeros([2], &d))),
+        };
+        assert!(linear_act(&f64_layer, Tensor::<Ad, 2>::zeros([1, 2], &d), true).is_err());
     }
 }

@@ -147,8 +147,25 @@ impl<B: Backend> RegressionNet<B> {
     /// records, the device is synchronised at the end of each, so the spans time finished
     /// work on asynchronous backends too.
     pub fn forward(&self, x: Tensor<B, 2>) -> RegressionOutput<B> {
-        let device = x.device();
         let _net = crate::prof_span!("module", path = "RegressionNet", shape = ?x.dims()).entered();
+        let h = self.trunk(x);
+        let mean = self.head(&self.mean_head, "RegressionNet/mean_head", h.clone());
+        let log_var = self.head(&self.logvar_head, "RegressionNet/logvar_head", h);
+        RegressionOutput { mean, log_var }
+    }
+
+    /// The mean head alone (the backbone, then the mean head): what a training step of a
+    /// stage whose loss reads no log-variance computes, leaving the log-variance head's
+    /// product out. Its values are [`Self::forward`]'s `mean`, bit for bit.
+    pub fn forward_mean(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let _net = crate::prof_span!("module", path = "RegressionNet", shape = ?x.dims()).entered();
+        let h = self.trunk(x);
+        self.head(&self.mean_head, "RegressionNet/mean_head", h)
+    }
+
+    /// The backbone's hidden layers.
+    fn trunk(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let device = x.device();
         let mut h = x;
         for (i, layer) in self.backbone.iter().enumerate() {
             // Underscored: a `no-spans` build compiles the span, its only reader, out.
@@ -160,23 +177,16 @@ impl<B: Backend> RegressionNet<B> {
             h = layer_forward(layer, h, Some(self.activation));
             crate::observe::profiler::sync::<B>(&device);
         }
-        let mean = {
-            let _s =
-                crate::prof_span!("module", path = "RegressionNet/mean_head", shape = ?h.dims())
-                    .entered();
-            let m = layer_forward(&self.mean_head, h.clone(), None);
-            crate::observe::profiler::sync::<B>(&device);
-            m
-        };
-        let log_var = {
-            let _s =
-                crate::prof_span!("module", path = "RegressionNet/logvar_head", shape = ?h.dims())
-                    .entered();
-            let v = layer_forward(&self.logvar_head, h, None);
-            crate::observe::profiler::sync::<B>(&device);
-            v
-        };
-        RegressionOutput { mean, log_var }
+        h
+    }
+
+    /// One head (no activation) on the backbone's output, in its profiler span.
+    fn head(&self, layer: &Linear<B>, _path: &'static str, h: Tensor<B, 2>) -> Tensor<B, 2> {
+        let device = h.device();
+        let _s = crate::prof_span!("module", path = _path, shape = ?h.dims()).entered();
+        let out = layer_forward(layer, h, None);
+        crate::observe::profiler::sync::<B>(&device);
+        out
     }
 
     /// The architecture of this network.
@@ -270,5 +280,26 @@ mod tests {
         let c = cfg.init::<Flex>(8, &d).mean_head.weight.val().into_data();
         assert_eq!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn the_mean_only_pass_is_the_full_pass_mean_bit_for_bit() {
+        use burn::backend::Autodiff;
+        let cfg = RegressionNetConfig::reference();
+        let d = Default::default();
+        let x: Vec<f32> = (0..7 * 20)
+            .map(|i| ((i * 37) % 23) as f32 / 7.0 - 1.5)
+            .collect();
+        let net = cfg.init::<Autodiff<Flex>>(3, &d);
+        let xt = || Tensor::<Autodiff<Flex>, 2>::from_data(TensorData::new(x.clone(), [7, 20]), &d);
+        let full = net.forward(xt()).mean.into_data();
+        let mean = net.forward_mean(xt());
+        assert_eq!(mean.clone().into_data(), full);
+        // Its gradient reaches the backbone and the mean head, never the log-variance head.
+        let g = mean.sum().backward();
+        let gp = burn::optim::GradientsParams::from_grads(g, &net);
+        assert!(gp.get::<Flex, 2>(net.mean_head.weight.id).is_some());
+        assert!(gp.get::<Flex, 2>(net.backbone[0].weight.id).is_some());
+        assert!(gp.get::<Flex, 2>(net.logvar_head.weight.id).is_none());
     }
 }

@@ -19,8 +19,10 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use super::evaluate::{EvalReport, SplitPredictions};
+use super::stage::StepOutput;
 use crate::config::Loss;
 use crate::data::ColumnStats;
+#[cfg(test)]
 use crate::model::RegressionOutput;
 
 /// A teacher (or an ensemble): predictive mean and standard deviation in original units.
@@ -86,7 +88,7 @@ pub fn distill_loss<B: Backend>(
     loss: Loss,
     alpha: f64,
     mean_trainable: bool,
-    out: RegressionOutput<B>,
+    out: StepOutput<B>,
     y_wide: Tensor<B, 2>,
     w: Option<Tensor<B, 2>>,
 ) -> Tensor<B, 1> {
@@ -108,7 +110,9 @@ pub fn distill_loss<B: Backend>(
             } else {
                 out.mean.detach()
             };
-            let lv = out.log_var;
+            let lv = out
+                .log_var
+                .expect("a DistillNll step computes the log-variance head");
             let second = (t_mean - mean).powi_scalar(2) + t_std.powi_scalar(2);
             weighted_mean(
                 (lv.clone() + second * lv.neg().exp()).mul_scalar(0.5),
@@ -200,9 +204,11 @@ mod tests {
         let t = |v: Vec<f32>, c: usize| {
             Tensor::<Flex, 2>::from_data(TensorData::new(v.clone(), [v.len() / c, c]), &d)
         };
-        let out = || RegressionOutput {
-            mean: t(vec![1.0, 0.0], 1),
-            log_var: t(vec![0.0, 2f32.ln()], 1),
+        let out = || {
+            StepOutput::from(RegressionOutput {
+                mean: t(vec![1.0, 0.0], 1),
+                log_var: t(vec![0.0, 2f32.ln()], 1),
+            })
         };
         // rows: [y, μ_T, σ_T] = [2, 0, 1], [1, 1, 2]
         let y = || t(vec![2.0, 0.0, 1.0, 1.0, 1.0, 2.0], 3);

@@ -27,5 +27,5 @@ pub use distill::Teacher;
 pub use job::{StageSummary, TrainError, TrainJob, TrainOutcome, Trained, summarise};
 pub use prepare::Prepared;
 pub use progress::ProgressMode;
-pub use stage::{adamw, part_param_ids, set_trainable, stage_loss};
+pub use stage::{StepOutput, adamw, part_param_ids, set_trainable, stage_loss};
 pub use trainer::{train, train_cpu};

@@ -27,12 +27,12 @@ use super::job::{TrainError, TrainJob, io_err};
 use super::prepare::Prepared;
 use super::progress::Reporter;
 use super::schedule::LrSchedule;
-use super::stage::{part_param_ids, set_trainable, stage_loss};
+use super::stage::{StepOutput, part_param_ids, set_trainable, stage_loss};
 use super::state::{self, Progress, Snapshot};
 use crate::config::{Loss, Part, StageConfig};
 use crate::data::dataset::{Affine, sha256_hex};
 use crate::data::loader::{BatchSource, Loader, LoaderSpec};
-use crate::model::RegressionNet;
+use crate::model::{RegressionNet, RegressionNetConfig};
 use crate::observe::profiler::{self, SortBy, StepProfiler};
 use crate::observe::resources::{self, Monitor};
 use crate::observe::schedule::Schedule;
@@ -62,6 +62,10 @@ pub(crate) struct Session<'j, 'a, B: AutodiffBackend> {
     pub(crate) config_sha: String,
     loader: Loader,
     pub(crate) model: RegressionNet<B>,
+    /// An empty network (no elements) that holds `model`'s place while the optimizer owns
+    /// the parameters, so that it updates their buffers in place: a clone of `model`
+    /// would share them and make every step copy them first.
+    stand_in: RegressionNet<B>,
     best: Option<RegressionNet<B>>,
     pending_optim: Option<PathBuf>,
     pub(crate) progress: Progress,
@@ -252,6 +256,13 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             workers,
             config_sha,
             loader,
+            stand_in: RegressionNetConfig {
+                n_features: 0,
+                hidden: Vec::new(),
+                n_targets: 0,
+                activation: model.activation,
+            }
+            .init(0, device),
             model,
             best,
             pending_optim,
@@ -397,7 +408,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             phases.h2d += clock.lap();
             let out = {
                 let _s = crate::prof_span!("forward", shape = ?[rows, nf]).entered();
-                let out = self.model.forward(x);
+                let out = StepOutput::forward(&self.model, stage.loss, x);
                 profiler::sync::<B>(&device);
                 out
             };
@@ -438,7 +449,8 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             lr = schedule.lr(self.progress.stage_step);
             self.model = {
                 let _s = crate::prof_span!("optimizer_step").entered();
-                let m = optim.step(lr, self.model.clone(), grads);
+                let model = std::mem::replace(&mut self.model, self.stand_in.clone());
+                let m = optim.step(lr, model, grads);
                 profiler::sync::<B>(&device);
                 m
             };

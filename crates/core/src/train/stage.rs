@@ -71,6 +71,40 @@ pub fn weighted_mean<B: Backend>(l: Tensor<B, 2>, w: Option<&Tensor<B, 2>>) -> T
     }
 }
 
+/// What a training step's forward pass gives the loss: the mean head's output, and the
+/// log-variance head's when the stage's loss reads it ([`Loss::reads_log_var`]; an MSE stage
+/// leaves that head's forward out).
+#[derive(Debug, Clone)]
+pub struct StepOutput<B: Backend> {
+    /// Predicted means, `[batch, k]`.
+    pub mean: Tensor<B, 2>,
+    /// Predicted log-variances, `[batch, k]`, when computed.
+    pub log_var: Option<Tensor<B, 2>>,
+}
+
+impl<B: Backend> StepOutput<B> {
+    /// The step's forward pass on `model` for a stage with loss `loss`.
+    pub fn forward(model: &RegressionNet<B>, loss: Loss, x: Tensor<B, 2>) -> Self {
+        if loss.reads_log_var() {
+            model.forward(x).into()
+        } else {
+            Self {
+                mean: model.forward_mean(x),
+                log_var: None,
+            }
+        }
+    }
+}
+
+impl<B: Backend> From<RegressionOutput<B>> for StepOutput<B> {
+    fn from(o: RegressionOutput<B>) -> Self {
+        Self {
+            mean: o.mean,
+            log_var: Some(o.log_var),
+        }
+    }
+}
+
 /// The stage's loss on a batch (normalised units), rows weighted by `w` (see
 /// [`weighted_mean`]). The distillation losses, given no teacher targets (`y` is
 /// `rows × k`), reduce to their true-target parts: MSE and Gaussian NLL (see
@@ -78,19 +112,17 @@ pub fn weighted_mean<B: Backend>(l: Tensor<B, 2>, w: Option<&Tensor<B, 2>>) -> T
 pub fn stage_loss<B: Backend>(
     loss: Loss,
     mean_trainable: bool,
-    out: RegressionOutput<B>,
+    out: StepOutput<B>,
     y: Tensor<B, 2>,
     w: Option<Tensor<B, 2>>,
 ) -> Tensor<B, 1> {
     match loss {
         Loss::Mse | Loss::DistillMse => weighted_mean((out.mean - y).powi_scalar(2), w.as_ref()),
         Loss::GaussianNll | Loss::DistillNll => {
-            let mean = if mean_trainable {
-                out.mean
-            } else {
-                out.mean.detach()
-            };
-            let lv = out.log_var;
+            let StepOutput { mean, log_var } = out;
+            let mean = if mean_trainable { mean } else { mean.detach() };
+            let lv =
+                log_var.expect("a loss that reads the log-variance head gets its forward pass");
             weighted_mean(
                 (lv.clone() + (y - mean).powi_scalar(2) * lv.neg().exp()).mul_scalar(0.5),
                 w.as_ref(),
@@ -99,10 +131,27 @@ pub fn stage_loss<B: Backend>(
     }
 }
 
+/// A one-epoch MSE stage of the backbone and the mean head with `optimizer` (the tests'
+/// stage).
+#[cfg(test)]
+pub(crate) fn test_stage(optimizer: crate::config::OptimizerConfig) -> StageConfig {
+    use crate::config::ScheduleConfig;
+    StageConfig {
+        name: "s".into(),
+        trainable: vec![Part::Backbone, Part::MeanHead],
+        loss: Loss::Mse,
+        epochs: 1,
+        optimizer,
+        schedule: ScheduleConfig::Constant,
+        clip_norm: None,
+        early_stopping: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{OptimizerConfig, ScheduleConfig};
+    use crate::config::OptimizerConfig;
     use crate::model::RegressionNetConfig;
     use burn::backend::{Autodiff, Flex};
     use burn::nn::Linear;
@@ -112,20 +161,11 @@ mod tests {
     type B = Autodiff<Flex>;
 
     fn stage(lr: f64, wd: f64) -> StageConfig {
-        StageConfig {
-            name: "s".into(),
-            trainable: vec![Part::Backbone, Part::MeanHead],
-            loss: Loss::Mse,
-            epochs: 1,
-            optimizer: OptimizerConfig {
-                lr,
-                weight_decay: wd,
-                ..OptimizerConfig::default()
-            },
-            schedule: ScheduleConfig::Constant,
-            clip_norm: None,
-            early_stopping: None,
-        }
+        test_stage(OptimizerConfig {
+            lr,
+            weight_decay: wd,
+            ..OptimizerConfig::default()
+        })
     }
 
     /// Two AdamW steps on loss = Σ c ⊙ w (constant gradient c) against the closed form:
@@ -175,7 +215,7 @@ mod tests {
         let m = set_trainable(arch.init::<B>(1, &d), &[Part::LogvarHead]);
         let out = m.forward(Tensor::ones([4, 20], &d));
         let y = Tensor::zeros([4, 3], &d);
-        let loss = stage_loss(Loss::GaussianNll, false, out, y, None);
+        let loss = stage_loss(Loss::GaussianNll, false, out.into(), y, None);
         let mut g = loss.backward();
         let all = part_param_ids(&m, &[Part::Backbone, Part::MeanHead, Part::LogvarHead]);
         let grads = GradientsParams::from_params(&mut g, &m, &all);
