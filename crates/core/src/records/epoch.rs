@@ -87,9 +87,4 @@ impl StepPhases {
             optimizer: self.optimizer + o.optimizer,
         }
     }
-
-    /// The sum of the phases.
-    pub fn total(&self) -> f64 {
-        self.data + self.h2d + self.forward + self.loss + self.backward + self.clip + self.optimizer
-    }
 }

@@ -15,7 +15,7 @@ use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWState, AdaptiveMomentumState, LearningRate, SimpleOptimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_flex::{Flex, FlexTensor};
 
 use crate::config::StageConfig;
@@ -188,8 +188,15 @@ impl<B: Backend> SimpleOptimizer<B> for KilnAdamW {
             let p: Tensor<Flex, D> = cast(tensor).map_err(|_| ()).expect(same);
             let g: Tensor<Flex, D> = cast(grad).map_err(|_| ()).expect(same);
             let s: Option<AdamWState<Flex, D>> = cast(state).map_err(|_| ()).expect(same);
-            // A state with AMSGrad's running maximum never comes from kiln; leave it to Burn.
-            if s.as_ref().is_none_or(|s| s.momentum.max_moment_2.is_none()) {
+            // A state with AMSGrad's running maximum never comes from kiln, nor a parameter
+            // of another precision; leave those to Burn.
+            let plain = [p.dtype(), g.dtype()] == [DType::F32; 2]
+                && s.as_ref().is_none_or(|s| {
+                    s.momentum.max_moment_2.is_none()
+                        && [s.momentum.moment_1.dtype(), s.momentum.moment_2.dtype()]
+                            == [DType::F32; 2]
+                });
+            if plain {
                 let (p, s) = self.host_step(lr, p, g, s);
                 return (
                     cast(p).map_err(|_| ()).expect(same),
@@ -291,6 +298,36 @@ mod tests {
             let a = ours.step(1e-3, a, ga);
             let b = resumed.step(1e-3, b, gb);
             assert_eq!(bits(a.weight.val()), bits(b.weight.val()));
+        }
+    }
+
+    #[test]
+    fn a_parameter_of_another_precision_takes_burns_step() {
+        let st = stage(0.01);
+        let d = Default::default();
+        let lin = Linear::<Ad> {
+            weight: Param::from_tensor(
+                Tensor::<Ad, 2>::random([3, 2], Distribution::Default, &d).cast(DType::F64),
+            ),
+            bias: None,
+        };
+        let (mut a, mut b) = (lin.clone(), lin);
+        let mut ours = stage_optimizer::<Ad, Linear<Ad>>(&st);
+        let mut burns = super::super::stage::adamw(&st).init::<Ad, Linear<Ad>>();
+        for _ in 0..3 {
+            let grads = |l: &Linear<Ad>| {
+                let w = l.weight.val();
+                GradientsParams::from_grads(w.clone().powi_scalar(2).sum().backward(), l)
+            };
+            let (ga, gb) = (grads(&a), grads(&b));
+            a = ours.step(1e-2, a, ga);
+            b = burns.step(1e-2, b, gb);
+            let (wa, wb) = (a.weight.val(), b.weight.val());
+            assert_eq!(wa.dtype(), DType::F64);
+            assert_eq!(
+                wa.into_data().to_vec::<f64>().unwrap(),
+                wb.into_data().to_vec::<f64>().unwrap()
+            );
         }
     }
 }

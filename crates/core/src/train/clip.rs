@@ -8,7 +8,7 @@
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 use burn_flex::{Flex, FlexTensor};
 
 use crate::model::fused_linear::cast;
@@ -25,6 +25,12 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorms<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
             match cast::<_, Tensor<Flex, D>>(g) {
+                // f32 on the host; a gradient of another precision as a tensor reduction.
+                Ok(g) if g.dtype() != DType::F32 => {
+                    let g: Tensor<B::InnerBackend, D> =
+                        cast(g).map_err(|_| ()).expect("InnerBackend is Flex");
+                    self.parts.push(g.square().sum());
+                }
                 Ok(g) => {
                     let p: FlexTensor = g.into_primitive().tensor();
                     let sum = |s: &[f32]| s.iter().map(|&v| v as f64 * v as f64).sum::<f64>();
@@ -50,6 +56,11 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
             let g = match cast::<_, Tensor<Flex, D>>(g) {
+                Ok(g) if g.dtype() != DType::F32 => {
+                    let g: Tensor<B::InnerBackend, D> =
+                        cast(g).map_err(|_| ()).expect("InnerBackend is Flex");
+                    g.mul_scalar(self.factor)
+                }
                 // In place when the buffer is this gradient's alone (it is, after `remove`).
                 Ok(g) => {
                     let f = self.factor as f32;
@@ -188,5 +199,42 @@ mod tests {
         let norm = clip_global_norm::<B, _>(&m, &mut g, None);
         assert!((norm - 0.5).abs() < 1e-6);
         assert_eq!(get(&m, &g), before);
+    }
+
+    #[test]
+    fn a_gradient_of_another_precision_takes_the_tensor_path() {
+        // `b` in f64: its squares are summed and it is scaled by tensor operations, `a` on
+        // the host; together the same global norm 13 and the same clipping.
+        let d = Default::default();
+        let m = Two::<B> {
+            a: Param::from_tensor(Tensor::from_data(TensorData::from([1.0f32, 2.0]), &d)),
+            b: Param::from_tensor(
+                Tensor::<B, 2>::from_data(TensorData::from([[3.0f32], [4.0]]), &d).cast(DType::F64),
+            ),
+        };
+        let la = (m.a.val() * Tensor::from_data(TensorData::from([3.0f32, 4.0]), &d)).sum();
+        let gb =
+            Tensor::<B, 2>::from_data(TensorData::from([[0.0f32], [12.0]]), &d).cast(DType::F64);
+        let lb = (m.b.val() * gb).sum().cast(DType::F32);
+        let mut g = GradientsParams::from_grads((la + lb).backward(), &m);
+        let b_grad = g.get::<Flex, 2>(m.b.id).unwrap();
+        assert_eq!(b_grad.dtype(), DType::F64);
+        let norm = clip_global_norm::<B, _>(&m, &mut g, Some(1.0));
+        assert!((norm - 13.0).abs() < 1e-6, "{norm}");
+        let coef = 1.0 / (13.0 + 1e-6);
+        let b: Vec<f64> = g
+            .get::<Flex, 2>(m.b.id)
+            .unwrap()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        assert!((b[1] - 12.0 * coef).abs() < 1e-9, "{b:?}");
+        let a: Vec<f32> = g
+            .get::<Flex, 1>(m.a.id)
+            .unwrap()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        assert!((a[0] - (3.0 * coef) as f32).abs() < 1e-7, "{a:?}");
     }
 }

@@ -196,3 +196,70 @@ pub fn summarise(cfg: &ExperimentConfig, history: &[EpochRecord]) -> Vec<StageSu
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(stage: usize, epoch: usize, steps: u64, phase_s: StepPhases) -> EpochRecord {
+        EpochRecord {
+            stage,
+            stage_name: format!("s{stage}"),
+            epoch,
+            steps,
+            train_loss: 1.0,
+            val_loss: 1.0 - epoch as f64 * 0.1,
+            lr: 1e-3,
+            grad_norm_mean: 1.0,
+            grad_norm_max: 1.0,
+            clipped_frac: 0.0,
+            samples_per_s: 100.0,
+            data_wait_frac: 0.1,
+            data_wait_s: phase_s.data,
+            compute_s: 1.0,
+            validation_s: 0.1,
+            phase_s,
+        }
+    }
+
+    #[test]
+    fn a_stage_summary_gives_mean_microseconds_per_step_by_phase() {
+        let cfg = crate::config::parse(
+            include_str!("../../../../configs/tiny.yaml"),
+            std::path::Path::new("configs/tiny.yaml"),
+        )
+        .unwrap();
+        let p = |data: f64, forward: f64, optimizer: f64| StepPhases {
+            data,
+            forward,
+            optimizer,
+            ..StepPhases::default()
+        };
+        // Stage 0: 10 + 30 steps, 0.4 s of forward → 10,000 µs a step; stage 1 apart.
+        let history = [
+            record(0, 0, 10, p(0.1, 0.1, 0.02)),
+            record(0, 1, 30, p(0.3, 0.3, 0.06)),
+            record(1, 0, 5, p(0.0, 1.0, 0.5)),
+        ];
+        let s = summarise(&cfg, &history);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-6 * b.abs().max(1.0);
+        assert!(close(s[0].step_us.forward, 10_000.0), "{:?}", s[0].step_us);
+        assert!(close(s[0].step_us.data, 10_000.0), "{:?}", s[0].step_us);
+        assert!(close(s[0].step_us.optimizer, 2_000.0), "{:?}", s[0].step_us);
+        assert_eq!(s[0].step_us.backward, 0.0);
+        assert!(close(s[1].step_us.forward, 200_000.0), "{:?}", s[1].step_us);
+        assert!(
+            close(s[1].step_us.optimizer, 100_000.0),
+            "{:?}",
+            s[1].step_us
+        );
+        // Epochs written before phases were recorded read as zero phases, not an error.
+        let old: EpochRecord = serde_json::from_value({
+            let mut v = serde_json::to_value(record(0, 0, 4, p(0.1, 0.1, 0.1))).unwrap();
+            v.as_object_mut().unwrap().remove("phase_s");
+            v
+        })
+        .unwrap();
+        assert_eq!(old.phase_s, StepPhases::default());
+    }
+}

@@ -694,7 +694,6 @@ fn open_logs(
     Ok((steps_path, steps_out))
 }
 
-/// The loader's epoch label: distinct for every (stage, epoch).
 /// Seconds since the previous lap.
 struct PhaseClock(Instant);
 
@@ -707,6 +706,7 @@ impl PhaseClock {
     }
 }
 
+/// The loader's epoch label: distinct for every (stage, epoch).
 fn epoch_label(stage: usize, epoch: usize) -> u64 {
     ((stage as u64) << 32) | epoch as u64
 }
