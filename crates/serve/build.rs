@@ -11,6 +11,8 @@ fn main() {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // tonic-prost's codec with smaller first buffers (see `grpc::Codec`).
+        .codec_path("crate::grpc::Codec")
         // Tensor bytes as `bytes::Bytes`: the raw contents reach the model without a copy.
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")

@@ -240,32 +240,32 @@ async fn long_client_strings_are_clipped_and_oversize_grpc_is_resource_exhausted
     h.shutdown().await.unwrap();
 }
 
-/// A gRPC request whose message never completes is answered DEADLINE_EXCEEDED within the
-/// body timeout, over a raw HTTP/2 stream (the generated client always sends whole
-/// messages).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_grpc_body_times_out() {
-    let repo = repository_of(trained());
-    let mut cfg = config(repo.path());
-    cfg.connection.body_timeout = Duration::from_millis(300);
-    let h = serve(cfg).await;
+/// Send a `ModelInfer` request over a raw HTTP/2 stream whose message never completes (its
+/// header announces 1,000 bytes, 10 follow, then nothing; the generated client always sends
+/// whole messages), with `extra` headers; the gRPC status and message it is answered with,
+/// and how long the answer took.
+async fn stalled_grpc_request(
+    h: &ServerHandle,
+    extra: &[(&str, &str)],
+) -> (String, String, Duration) {
     let tcp = tokio::net::TcpStream::connect(h.grpc_addr.unwrap())
         .await
         .unwrap();
     let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(conn);
-    let req = tonic::codegen::http::Request::builder()
+    let mut req = tonic::codegen::http::Request::builder()
         .method("POST")
         .uri(format!(
             "http://{}/inference.GRPCInferenceService/ModelInfer",
             h.grpc_addr.unwrap()
         ))
         .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (resp, mut stream) = client.send_request(req, false).unwrap();
-    // A message header announcing 1,000 bytes, then 10 of them, then nothing.
+        .header("te", "trailers");
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let t0 = std::time::Instant::now();
+    let (resp, mut stream) = client.send_request(req.body(()).unwrap(), false).unwrap();
     let mut frame = vec![0u8];
     frame.extend_from_slice(&1000u32.to_be_bytes());
     frame.extend_from_slice(&[0u8; 10]);
@@ -274,17 +274,78 @@ async fn a_stalled_grpc_body_times_out() {
         .await
         .expect("the server answers the stalled stream")
         .unwrap();
-    let status = match resp.headers().get("grpc-status") {
-        Some(s) => s.to_str().unwrap().to_string(),
-        None => {
-            let mut body = resp.into_body();
-            while body.data().await.is_some() {}
-            let trailers = body.trailers().await.unwrap().unwrap();
-            trailers["grpc-status"].to_str().unwrap().to_string()
-        }
+    let field = |m: &tonic::codegen::http::HeaderMap, k: &str| {
+        m.get(k)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
     };
-    assert_eq!(status, (Code::DeadlineExceeded as i32).to_string());
+    let (status, message) = if resp.headers().contains_key("grpc-status") {
+        (
+            field(resp.headers(), "grpc-status"),
+            field(resp.headers(), "grpc-message"),
+        )
+    } else {
+        let mut body = resp.into_body();
+        while body.data().await.is_some() {}
+        let trailers = body.trailers().await.unwrap().unwrap();
+        (
+            field(&trailers, "grpc-status"),
+            field(&trailers, "grpc-message"),
+        )
+    };
+    let took = t0.elapsed();
     drop(stream);
+    (status, message, took)
+}
+
+/// A gRPC request whose message never completes is answered DEADLINE_EXCEEDED within the
+/// body timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_grpc_body_times_out() {
+    let repo = repository_of(trained());
+    let mut cfg = config(repo.path());
+    cfg.connection.body_timeout = Duration::from_millis(300);
+    let h = serve(cfg).await;
+    let (status, _, _) = stalled_grpc_request(&h, &[]).await;
+    assert_eq!(status, (Code::DeadlineExceeded as i32).to_string());
+    h.shutdown().await.unwrap();
+}
+
+/// The client's deadline (`grpc-timeout`) is honoured: a stalled request is answered
+/// DEADLINE_EXCEEDED when the client's deadline passes, well before a long body timeout; a
+/// malformed header is INVALID_ARGUMENT naming it; a request within its deadline is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_timeout_header_is_the_requests_deadline() {
+    let repo = repository_of(trained());
+    let mut cfg = config(repo.path());
+    cfg.connection.body_timeout = Duration::from_secs(20);
+    let h = serve(cfg).await;
+    let (status, message, took) = stalled_grpc_request(&h, &[("grpc-timeout", "200m")]).await;
+    assert_eq!(
+        status,
+        (Code::DeadlineExceeded as i32).to_string(),
+        "{message}"
+    );
+    assert!(message.contains("grpc-timeout"), "{message}");
+    assert!(took < Duration::from_secs(15), "answered after {took:?}");
+
+    for bad in ["abc", "5", "123456789S", "10x", "S"] {
+        let (status, message, _) = stalled_grpc_request(&h, &[("grpc-timeout", bad)]).await;
+        assert_eq!(
+            status,
+            (Code::InvalidArgument as i32).to_string(),
+            "{bad}: {message}"
+        );
+        assert!(message.contains("grpc-timeout"), "{bad}: {message}");
+    }
+
+    let mut client = grpc(&h).await;
+    let x = rows(1, 1);
+    let mut req = tonic::Request::new(raw_request("tiny", &x));
+    req.set_timeout(Duration::from_secs(30));
+    let r = client.model_infer(req).await.unwrap().into_inner();
+    assert!(!r.outputs.is_empty());
+    assert_eq!(r.raw_output_contents.len(), r.outputs.len());
     h.shutdown().await.unwrap();
 }
 

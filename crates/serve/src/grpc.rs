@@ -27,6 +27,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::TcpConnectInfo;
 
 use prost::bytes::Bytes;
 use tonic::{Request, Response, Status};
@@ -53,6 +54,46 @@ use super::service::{ErrorKind, Service, ServiceError, Transport};
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod proto {
     tonic::include_proto!("inference");
+}
+
+/// The protobuf codec of the generated server and client: tonic-prost's, with 1 KiB first
+/// buffers instead of its 8 KiB. tonic allocates an encode and a decode buffer per RPC; at
+/// 8 KiB they are past glibc's per-thread cache and cost a trip through its bins each time
+/// (a tenth of the server's CPU per batch-1 request); a KServe request or answer of a few
+/// rows fits in 1 KiB, and larger ones grow the buffer as before.
+pub struct Codec<T, U>(std::marker::PhantomData<fn(T) -> U>);
+
+/// First size of [`Codec`]'s buffers.
+const CODEC_BUFFER_BYTES: usize = 1024;
+
+impl<T, U> Default for Codec<T, U> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<T, U> tonic::codec::Codec for Codec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = tonic_prost::ProstDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(codec_buffers())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(codec_buffers())
+    }
+}
+
+fn codec_buffers() -> tonic::codec::BufferSettings {
+    // tonic's own yield threshold (32 KiB): streamed answers are batched into sends as before.
+    tonic::codec::BufferSettings::new(CODEC_BUFFER_BYTES, 32 * 1024)
 }
 
 use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
@@ -84,6 +125,12 @@ impl GrpcService {
 /// disconnected, so silent sockets cannot hold the slots. Once the preface has arrived a
 /// connection may stay open (gRPC channels are long-lived); HTTP/2 keep-alive pings (every
 /// 30 s, 10 s to answer) close connections whose peer has gone away.
+///
+/// Connections are served on [`ConnThreads`]: one single-threaded runtime per core, each
+/// connection on the one serving the fewest. A connection's HTTP/2 framing, its streams and
+/// the inference they run inline stay on that thread; on the shared multi-threaded runtime
+/// (tonic's server) every stream was a task that woke the other worker, and those wake-ups
+/// were a third of the server's time per request (see `benches/README.md`).
 pub async fn serve(
     host: &str,
     port: u16,
@@ -109,28 +156,162 @@ pub async fn serve(
             .max_encoding_message_size(usize::MAX),
         body_timeout: limits.body_timeout,
         max_message_bytes: max,
+        conn: None,
     };
-    let (incoming, acceptor) = accept(listener, limits);
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let pool = ConnThreads::start(threads, svc, limits.header_timeout).map_err(|source| {
+        ServeError::Io {
+            what: "cannot start the gRPC connection threads".into(),
+            source,
+        }
+    })?;
     let task = tokio::spawn(async move {
-        let r = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-            .add_service(svc)
-            .serve_with_incoming_shutdown(incoming, shutdown)
+        accept(listener, limits, &pool, shutdown).await;
+        // The listening socket is closed; let every connection finish what it has started.
+        tokio::task::spawn_blocking(move || pool.stop())
             .await
             .map_err(|e| ServeError::Io {
-                what: "serving gRPC".into(),
+                what: "stopping the gRPC connection threads".into(),
                 source: std::io::Error::other(e),
-            });
-        // The accept loop owns the listening socket: end it and wait until it is dropped,
-        // so the port is closed when the server's shutdown returns.
-        acceptor.abort();
-        let _ = acceptor.await;
+            })?;
         tracing::info!("gRPC server stopped; requests in flight have been answered");
-        r
+        Ok(())
     });
-    tracing::info!(%addr, "listening (KServe v2 gRPC)");
+    tracing::info!(%addr, threads, "listening (KServe v2 gRPC)");
     Ok((addr, task))
+}
+
+/// The threads gRPC connections are served on: each runs a single-threaded runtime (its own
+/// epoll, timers and blocking pool) and serves the connections handed to it.
+struct ConnThreads {
+    /// Where each thread takes its next connection (a socket detached from the accepting
+    /// runtime, and the listener slot it holds).
+    senders: Vec<mpsc::UnboundedSender<(std::net::TcpStream, OwnedSemaphorePermit)>>,
+    /// Connections open on each thread.
+    open: Vec<Arc<AtomicUsize>>,
+    /// Set at shutdown: every connection then shuts down gracefully.
+    stop: tokio::sync::watch::Sender<bool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ConnThreads {
+    fn start(n: usize, svc: Served, header_timeout: Duration) -> std::io::Result<Self> {
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let mut me = Self {
+            senders: Vec::with_capacity(n),
+            open: Vec::with_capacity(n),
+            stop,
+            threads: Vec::with_capacity(n),
+        };
+        for i in 0..n.max(1) {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let open = Arc::new(AtomicUsize::new(0));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (svc, stop, count) = (svc.clone(), stop_rx.clone(), open.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("kiln-grpc-{i}"))
+                .spawn(move || rt.block_on(conn_thread(rx, svc, header_timeout, stop, count)))?;
+            me.senders.push(tx);
+            me.open.push(open);
+            me.threads.push(thread);
+        }
+        Ok(me)
+    }
+
+    /// Hand an accepted connection to the thread serving the fewest.
+    fn assign(&self, stream: TcpStream, slot: OwnedSemaphorePermit) {
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("gRPC connection dropped: {e}");
+                return;
+            }
+        };
+        let i = (0..self.open.len())
+            .min_by_key(|&i| self.open[i].load(Ordering::Relaxed))
+            .unwrap_or(0);
+        self.open[i].fetch_add(1, Ordering::Relaxed);
+        if self.senders[i].send((stream, slot)).is_err() {
+            self.open[i].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Shut every connection down gracefully and wait until the threads have finished (blocks).
+    fn stop(self) {
+        let _ = self.stop.send(true);
+        drop(self.senders);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The service every connection thread serves.
+type Served = Bounded<GrpcInferenceServiceServer<GrpcService>>;
+
+/// One connection thread: serve each connection it is handed until the channel closes (at
+/// shutdown), then wait for the open ones, which shut down gracefully when `stop` is set.
+async fn conn_thread(
+    mut rx: mpsc::UnboundedReceiver<(std::net::TcpStream, OwnedSemaphorePermit)>,
+    svc: Served,
+    header_timeout: Duration,
+    stop: tokio::sync::watch::Receiver<bool>,
+    open: Arc<AtomicUsize>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let mut http = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http.timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    // Every connection task holds a clone; the thread ends when all are gone.
+    let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
+    while let Some((stream, slot)) = rx.recv().await {
+        let stream = match TcpStream::from_std(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("gRPC connection dropped: {e}");
+                open.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        let mut svc = svc.clone();
+        svc.conn = Some(TcpConnectInfo {
+            local_addr: stream.local_addr().ok(),
+            remote_addr: stream.peer_addr().ok(),
+        });
+        let guarded = Guarded {
+            stream,
+            _slot: slot,
+            preface: Some(Box::pin(tokio::time::sleep(header_timeout))),
+            seen: 0,
+        };
+        let conn = http.serve_connection(TokioIo::new(guarded), TowerToHyperService::new(svc));
+        let mut stop = stop.clone();
+        let (done, open) = (done_tx.clone(), open.clone());
+        tokio::spawn(async move {
+            tokio::pin!(conn);
+            let stopping = async move {
+                let _ = stop.wait_for(|v| *v).await;
+            };
+            let r = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stopping => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = r {
+                tracing::debug!("gRPC connection closed: {e}");
+            }
+            open.fetch_sub(1, Ordering::Relaxed);
+            drop(done);
+        });
+    }
+    drop(done_tx);
+    let _ = done_rx.recv().await;
 }
 
 /// The generated server under two of the HTTP side's request limits:
@@ -146,6 +327,8 @@ struct Bounded<S> {
     inner: S,
     body_timeout: Duration,
     max_message_bytes: usize,
+    /// The connection's addresses, given to each request (the control RPCs check the peer).
+    conn: Option<TcpConnectInfo>,
 }
 
 impl<S: tonic::server::NamedService> tonic::server::NamedService for Bounded<S> {
@@ -161,13 +344,14 @@ fn body_status(e: Box<dyn std::error::Error + Send + Sync>) -> Status {
     }
 }
 
-impl<S> tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>> for Bounded<S>
+impl<S> tonic::codegen::Service<tonic::codegen::http::Request<hyper::body::Incoming>> for Bounded<S>
 where
     S: tonic::codegen::Service<
             tonic::codegen::http::Request<tonic::body::Body>,
             Response = tonic::codegen::http::Response<tonic::body::Body>,
         > + Send,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -177,14 +361,30 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
+    fn call(
+        &mut self,
+        mut req: tonic::codegen::http::Request<hyper::body::Incoming>,
+    ) -> Self::Future {
         use http_body_util::BodyExt;
+        if let Some(c) = &self.conn {
+            req.extensions_mut().insert(c.clone());
+        }
+        // The client's deadline (`grpc-timeout`), as tonic's server honoured it.
+        let deadline = match grpc_timeout(req.headers()) {
+            Ok(d) => d,
+            Err(text) => {
+                let status = Status::invalid_argument(format!(
+                    "header grpc-timeout: {text:?} is not a gRPC timeout (1 to 8 digits and a unit H, M, S, m, u or n)"
+                ));
+                return Box::pin(std::future::ready(Ok(status.into_http())));
+            }
+        };
         // A stream (ModelStreamInfer) lives as long as its client wants and may idle between
         // messages: no body deadline (keep-alive pings close dead peers).
         let streaming = req.uri().path().ends_with("/ModelStreamInfer");
         let limit = self.body_timeout;
         let req = if streaming {
-            req
+            req.map(tonic::body::Body::new)
         } else {
             req.map(|b| {
                 tonic::body::Body::new(
@@ -195,7 +395,18 @@ where
         let max = self.max_message_bytes;
         let fut = self.inner.call(req);
         Box::pin(async move {
-            let mut resp = fut.await?;
+            let mut resp = match deadline {
+                None => fut.await?,
+                Some(d) => match tokio::time::timeout(d, fut).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        return Ok(Status::deadline_exceeded(format!(
+                            "the client's deadline (grpc-timeout, {d:?}) passed before the answer"
+                        ))
+                        .into_http());
+                    }
+                },
+            };
             let h = resp.headers_mut();
             if h.get("grpc-status").is_some_and(|v| v.as_bytes() == b"11") {
                 h.insert(
@@ -211,6 +422,35 @@ where
             Ok(resp)
         })
     }
+}
+
+/// The `grpc-timeout` header of a request (gRPC over HTTP/2: at most eight ASCII digits and a
+/// unit, `H`ours, `M`inutes, `S`econds, `m`illi-, `u` micro- or `n`anoseconds): `None` when
+/// absent, the header's text when malformed.
+fn grpc_timeout(h: &tonic::codegen::http::HeaderMap) -> Result<Option<Duration>, String> {
+    let Some(v) = h.get("grpc-timeout") else {
+        return Ok(None);
+    };
+    let bad = || String::from_utf8_lossy(v.as_bytes()).into_owned();
+    let b = v.as_bytes();
+    let Some((&unit, digits)) = b.split_last() else {
+        return Err(bad());
+    };
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(bad());
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+    Ok(Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return Err(bad()),
+    }))
 }
 
 /// Length of the HTTP/2 connection preface every client sends first (RFC 9113 §3.4).
@@ -283,62 +523,42 @@ impl AsyncWrite for Guarded {
     }
 }
 
-impl Connected for Guarded {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-/// The accept loop of the gRPC listener (see [`serve`] for the limits), as the stream of
-/// connections tonic serves, and the loop's task. The loop ends when tonic drops the stream
-/// (at shutdown) or when the task is aborted.
-fn accept(
+/// The accept loop of the gRPC listener (see [`serve`] for the limits): hands each connection
+/// to `pool` until `shutdown` resolves, then closes the listening socket.
+async fn accept(
     listener: tokio::net::TcpListener,
     limits: ConnectionConfig,
-) -> (
-    ReceiverStream<std::io::Result<Guarded>>,
-    tokio::task::JoinHandle<()>,
+    pool: &ConnThreads,
+    shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let (tx, rx) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let task = tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                _ = tx.closed() => break,
-                r = listener.accept() => r,
-            };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) if is_connection_error(&e) => continue,
-                Err(e) => {
-                    // E.g. out of file descriptors: back off instead of spinning.
-                    tracing::warn!("gRPC accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::debug!(
-                    max = limits.max_connections,
-                    "gRPC connection closed: the listener serves its maximum (--max-connections)"
-                );
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            r = listener.accept() => r,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) if is_connection_error(&e) => continue,
+            Err(e) => {
+                // E.g. out of file descriptors: back off instead of spinning.
+                tracing::warn!("gRPC accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
-            };
-            let guarded = Guarded {
-                stream,
-                _slot: slot,
-                preface: Some(Box::pin(tokio::time::sleep(limits.header_timeout))),
-                seen: 0,
-            };
-            if tx.send(Ok(guarded)).await.is_err() {
-                break;
             }
-        }
-    });
-    (ReceiverStream::new(rx), task)
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(
+                max = limits.max_connections,
+                "gRPC connection closed: the listener serves its maximum (--max-connections)"
+            );
+            continue;
+        };
+        pool.assign(stream, slot);
+    }
 }
 
 /// A request span's gRPC status attribute.
@@ -1169,5 +1389,54 @@ impl GrpcInferenceService for GrpcService {
         repository_model_unload(&self.state, req)
             .await
             .map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grpc_timeout;
+    use std::time::Duration;
+    use tonic::codegen::http::{HeaderMap, HeaderValue};
+
+    fn timeout(v: &str) -> Result<Option<Duration>, String> {
+        let mut h = HeaderMap::new();
+        h.insert("grpc-timeout", HeaderValue::from_str(v).unwrap());
+        grpc_timeout(&h)
+    }
+
+    #[test]
+    fn grpc_timeout_reads_every_unit() {
+        assert_eq!(grpc_timeout(&HeaderMap::new()), Ok(None));
+        let cases = [
+            ("2H", Duration::from_secs(7200)),
+            ("3M", Duration::from_secs(180)),
+            ("10S", Duration::from_secs(10)),
+            ("250m", Duration::from_millis(250)),
+            ("75u", Duration::from_micros(75)),
+            ("99999999n", Duration::from_nanos(99_999_999)),
+            ("0S", Duration::ZERO),
+            ("00000001m", Duration::from_millis(1)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(timeout(text), Ok(Some(want)), "{text}");
+        }
+    }
+
+    #[test]
+    fn grpc_timeout_refuses_what_the_spec_does_not_allow() {
+        // No unit, no digits, nine digits, an unknown unit, a sign, a space, a decimal point.
+        for text in [
+            "",
+            "5",
+            "S",
+            "123456789S",
+            "10x",
+            "10s",
+            "-1S",
+            "1 S",
+            "1.5S",
+        ] {
+            assert_eq!(timeout(text), Err(text.to_string()), "{text:?}");
+        }
     }
 }

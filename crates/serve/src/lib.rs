@@ -10,7 +10,8 @@
 //!   validation, batching and every per-version metric and statistic;
 //! * [`http`] — axum routes: a thin adapter mapping OIP JSON/binary requests and
 //!   [`service::ErrorKind`]s onto HTTP;
-//! * [`grpc`] — the same for the KServe v2 gRPC protocol on its own port (tonic);
+//! * [`grpc`] — the same for the KServe v2 gRPC protocol on its own port (tonic's
+//!   generated service on hyper's HTTP/2, one connection thread per core);
 //! * [`protocol`] — OIP JSON and the binary tensor extension, both directions;
 //! * [`model`] — what a model takes and returns, and the per-instance executors;
 //! * [`batcher`] — one thread owns each version's queue; instances are worker threads with
