@@ -235,3 +235,58 @@ pub fn grpc_raw_request(
         ..Default::default()
     }
 }
+
+/// A `ModelInfer` call over a raw HTTP/2 stream (no gRPC client, so no client-side deadline or
+/// framing of its own): `body` is sent as the stream's data (`end`: and the stream is closed),
+/// with `extra` headers. Returns the gRPC status and message the server answers with, and how
+/// long the answer took.
+pub async fn raw_grpc_call(
+    addr: std::net::SocketAddr,
+    extra: &[(&str, &str)],
+    body: Vec<u8>,
+    end: bool,
+) -> (String, String, Duration) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut req = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{addr}/inference.GRPCInferenceService/ModelInfer"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let t0 = std::time::Instant::now();
+    let (resp, mut stream) = client.send_request(req.body(()).unwrap(), false).unwrap();
+    stream.send_data(body.into(), end).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(30), resp)
+        .await
+        .expect("the server answers the call")
+        .unwrap();
+    let (mut meta, mut body) = (resp.headers().clone(), resp.into_body());
+    if !meta.contains_key("grpc-status") {
+        while body.data().await.is_some() {}
+        meta = body.trailers().await.unwrap().unwrap_or_default();
+    }
+    let field = |k: &str| {
+        meta.get(k)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    let answer = (field("grpc-status"), field("grpc-message"), t0.elapsed());
+    drop(stream);
+    answer
+}
+
+/// A message framed as gRPC sends it: an uncompressed flag, the length (big-endian u32), the
+/// protobuf bytes.
+pub fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
+    let bytes = message.encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&bytes);
+    frame
+}

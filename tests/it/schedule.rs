@@ -71,6 +71,16 @@ async fn dropped(h: &ServerHandle, reason: &str) -> f64 {
     counter(h, "kiln_inference_request_dropped_total", Some(reason)).await
 }
 
+/// Wait (up to 2 s) until `n` queued requests have been withdrawn as cancelled; `what` says
+/// which one is still queued when they have not.
+async fn until_cancelled(h: &ServerHandle, n: f64, what: String) {
+    let t = Instant::now();
+    while dropped(h, "cancelled").await < n {
+        assert!(t.elapsed() < Duration::from_secs(2), "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 async fn rows_computed(h: &ServerHandle) -> f64 {
     counter(h, "kiln_inference_count_total", None).await
 }
@@ -221,9 +231,9 @@ async fn bad_priority_and_timeout_parameters_are_refused_by_name() {
     h.shutdown().await.unwrap();
 }
 
-/// An HTTP/1 client that disconnects while its request is queued, and a gRPC call that is
-/// cancelled, take their requests out of the queue at once (while the request ahead still
-/// computes), and the requests never compute.
+/// An HTTP/1 client that disconnects while its request is queued, a gRPC call that is
+/// cancelled and one whose `grpc-timeout` passes take their requests out of the queue at once
+/// (while the request ahead still computes), and the requests never compute.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disconnected_client_or_cancelled_call_leaves_the_queue_uncomputed() {
     let repo = repository_of(trained());
@@ -243,14 +253,12 @@ async fn a_disconnected_client_or_cancelled_call_leaves_the_queue_uncomputed() {
         s.write_all(&b).await.unwrap();
         until_queued(&h, 1.0).await;
         drop(s);
-        let t = Instant::now();
-        while dropped(&h, "cancelled").await < 1.0 {
-            assert!(
-                t.elapsed() < Duration::from_secs(2),
-                "{policy}: the disconnected client's request is still queued"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_cancelled(
+            &h,
+            1.0,
+            format!("{policy}: the disconnected client's request is still queued"),
+        )
+        .await;
         assert_eq!(queue_depth(&h).await, 0.0);
 
         // A gRPC call cancelled by its client (the future dropped: RST_STREAM).
@@ -261,14 +269,37 @@ async fn a_disconnected_client_or_cancelled_call_leaves_the_queue_uncomputed() {
             cut.is_err(),
             "the call was answered while the instance was busy"
         );
-        let t = Instant::now();
-        while dropped(&h, "cancelled").await < 2.0 {
-            assert!(
-                t.elapsed() < Duration::from_secs(2),
-                "{policy}: the cancelled call's request is still queued"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_cancelled(
+            &h,
+            2.0,
+            format!("{policy}: the cancelled call's request is still queued"),
+        )
+        .await;
+
+        // A whole call whose own deadline (`grpc-timeout`, no client enforcing it) passes while
+        // it is queued: the server answers DEADLINE_EXCEEDED at the deadline, not when the
+        // instance frees, and withdraws the request.
+        let frame = crate::common::grpc_frame(&grpc_request(1, 4, &[]));
+        let (status, message, took) = crate::common::raw_grpc_call(
+            h.grpc_addr.unwrap(),
+            &[("grpc-timeout", "200m")],
+            frame,
+            true,
+        )
+        .await;
+        assert_eq!(
+            status,
+            (tonic::Code::DeadlineExceeded as i32).to_string(),
+            "{policy}: {message}"
+        );
+        assert!(message.contains("grpc-timeout"), "{policy}: {message}");
+        assert!(took < Duration::from_millis(1500), "{policy}: {took:?}");
+        until_cancelled(
+            &h,
+            3.0,
+            format!("{policy}: the expired call's request is still queued"),
+        )
+        .await;
         assert!(
             !busy.is_finished(),
             "the test's window closed: the first request finished"
@@ -285,7 +316,7 @@ async fn a_disconnected_client_or_cancelled_call_leaves_the_queue_uncomputed() {
                 Some("cancelled")
             )
             .await,
-            2.0
+            3.0
         );
         h.shutdown().await.unwrap();
     }
@@ -408,14 +439,12 @@ async fn a_dropped_stream_withdraws_its_queued_requests() {
     drop(stream);
     drop(tx);
     drop(g);
-    let t = Instant::now();
-    while dropped(&h, "cancelled").await < 3.0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "the dropped stream's requests are still queued"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_cancelled(
+        &h,
+        3.0,
+        "the dropped stream's requests are still queued".into(),
+    )
+    .await;
     assert!(!busy.is_finished());
     assert_eq!(busy.await.unwrap().0, 200);
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -240,62 +240,17 @@ async fn long_client_strings_are_clipped_and_oversize_grpc_is_resource_exhausted
     h.shutdown().await.unwrap();
 }
 
-/// Send a `ModelInfer` request over a raw HTTP/2 stream whose message never completes (its
-/// header announces 1,000 bytes, 10 follow, then nothing; the generated client always sends
-/// whole messages), with `extra` headers; the gRPC status and message it is answered with,
-/// and how long the answer took.
+/// A `ModelInfer` request whose message never completes (its header announces 1,000 bytes, 10
+/// follow, then nothing; the generated client always sends whole messages), with `extra`
+/// headers: the gRPC status and message it is answered with, and how long that took.
 async fn stalled_grpc_request(
     h: &ServerHandle,
     extra: &[(&str, &str)],
 ) -> (String, String, Duration) {
-    let tcp = tokio::net::TcpStream::connect(h.grpc_addr.unwrap())
-        .await
-        .unwrap();
-    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let mut req = tonic::codegen::http::Request::builder()
-        .method("POST")
-        .uri(format!(
-            "http://{}/inference.GRPCInferenceService/ModelInfer",
-            h.grpc_addr.unwrap()
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers");
-    for (k, v) in extra {
-        req = req.header(*k, *v);
-    }
-    let t0 = std::time::Instant::now();
-    let (resp, mut stream) = client.send_request(req.body(()).unwrap(), false).unwrap();
     let mut frame = vec![0u8];
     frame.extend_from_slice(&1000u32.to_be_bytes());
     frame.extend_from_slice(&[0u8; 10]);
-    stream.send_data(frame.into(), false).unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(30), resp)
-        .await
-        .expect("the server answers the stalled stream")
-        .unwrap();
-    let field = |m: &tonic::codegen::http::HeaderMap, k: &str| {
-        m.get(k)
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default()
-    };
-    let (status, message) = if resp.headers().contains_key("grpc-status") {
-        (
-            field(resp.headers(), "grpc-status"),
-            field(resp.headers(), "grpc-message"),
-        )
-    } else {
-        let mut body = resp.into_body();
-        while body.data().await.is_some() {}
-        let trailers = body.trailers().await.unwrap().unwrap();
-        (
-            field(&trailers, "grpc-status"),
-            field(&trailers, "grpc-message"),
-        )
-    };
-    let took = t0.elapsed();
-    drop(stream);
-    (status, message, took)
+    crate::common::raw_grpc_call(h.grpc_addr.unwrap(), extra, frame, false).await
 }
 
 /// A gRPC request whose message never completes is answered DEADLINE_EXCEEDED within the

@@ -45,7 +45,7 @@ use super::conn::{ConnectionConfig, is_connection_error};
 use super::protocol::request::input_header;
 use super::protocol::{
     Datatype, InferRequest, InputTensor, JsonData, OutputData, OutputTensor, RequestedOutput,
-    bound_message, check_counts, check_name,
+    bound_message, check_counts, check_name, clip,
 };
 use super::repository::LoadedVersion;
 use super::service::{ErrorKind, Service, ServiceError, Transport};
@@ -57,10 +57,10 @@ pub mod proto {
 }
 
 /// The protobuf codec of the generated server and client: tonic-prost's, with 1 KiB first
-/// buffers instead of its 8 KiB. tonic allocates an encode and a decode buffer per RPC; at
-/// 8 KiB they are past glibc's per-thread cache and cost a trip through its bins each time
-/// (a tenth of the server's CPU per batch-1 request); a KServe request or answer of a few
-/// rows fits in 1 KiB, and larger ones grow the buffer as before.
+/// buffers instead of its 8 KiB. tonic allocates an encode and a decode buffer per RPC; 8 KiB
+/// is past glibc's per-thread cache (1 KiB is not), and a KServe request or answer of a few
+/// rows fits in 1 KiB; larger ones grow the buffer as before. Under perf_analyzer at batch 1,
+/// concurrency 4 it gave +7 % infer/s (median of three alternating runs, `benches/README.md`).
 pub struct Codec<T, U>(std::marker::PhantomData<fn(T) -> U>);
 
 /// First size of [`Codec`]'s buffers.
@@ -128,9 +128,10 @@ impl GrpcService {
 ///
 /// Connections are served on [`ConnThreads`]: one single-threaded runtime per core, each
 /// connection on the one serving the fewest. A connection's HTTP/2 framing, its streams and
-/// the inference they run inline stay on that thread; on the shared multi-threaded runtime
-/// (tonic's server) every stream was a task that woke the other worker, and those wake-ups
-/// were a third of the server's time per request (see `benches/README.md`).
+/// the inference they run inline stay on that thread. On the shared multi-threaded runtime
+/// (tonic's server) every stream was a task that woke the other worker: the server spent
+/// ≈ 76 µs of CPU per batch-1 request, one worker alone ≈ 54 µs, these threads ≈ 46 µs
+/// (`perf`, see `benches/README.md`).
 pub async fn serve(
     host: &str,
     port: u16,
@@ -203,7 +204,7 @@ impl ConnThreads {
             stop,
             threads: Vec::with_capacity(n),
         };
-        for i in 0..n.max(1) {
+        for i in 0..n {
             let (tx, rx) = mpsc::unbounded_channel();
             let open = Arc::new(AtomicUsize::new(0));
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -426,12 +427,12 @@ where
 
 /// The `grpc-timeout` header of a request (gRPC over HTTP/2: at most eight ASCII digits and a
 /// unit, `H`ours, `M`inutes, `S`econds, `m`illi-, `u` micro- or `n`anoseconds): `None` when
-/// absent, the header's text when malformed.
+/// absent, the header's text (clipped, as error messages echo it) when malformed.
 fn grpc_timeout(h: &tonic::codegen::http::HeaderMap) -> Result<Option<Duration>, String> {
     let Some(v) = h.get("grpc-timeout") else {
         return Ok(None);
     };
-    let bad = || String::from_utf8_lossy(v.as_bytes()).into_owned();
+    let bad = || clip(&String::from_utf8_lossy(v.as_bytes()));
     let b = v.as_bytes();
     let Some((&unit, digits)) = b.split_last() else {
         return Err(bad());
@@ -1438,5 +1439,12 @@ mod tests {
         ] {
             assert_eq!(timeout(text), Err(text.to_string()), "{text:?}");
         }
+        // A long header is echoed clipped, with its length.
+        let long = "9".repeat(5000) + "S";
+        let echoed = timeout(&long).unwrap_err();
+        assert!(
+            echoed.len() < 100 && echoed.ends_with("(5001 bytes)"),
+            "{echoed}"
+        );
     }
 }
