@@ -1742,6 +1742,18 @@ fn bench_serve_reports_every_series_as_json() {
             "pick_json_b1"
         ]
     );
+    // Both JSON readers are timed on every body, in the same run.
+    for st in r["stages"].as_array().unwrap() {
+        for k in [
+            "parse_us",
+            "parse_serde_us",
+            "decode_us",
+            "batcher_us",
+            "encode_us",
+        ] {
+            assert!(st[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {st}");
+        }
+    }
     assert!(r["pinning"]["applied"].is_boolean());
     assert!(!r["pinning"]["note"].as_str().unwrap().is_empty());
     // The on/off costs of the drift watch and tracing: every configuration on every series,

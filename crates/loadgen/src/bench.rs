@@ -24,7 +24,7 @@ use serde_json::Value;
 use crate::client::{BaseUrl, BlockingClient, ClientError, UrlError};
 use crate::loadtest::{LoadtestConfig, LoadtestError, LoadtestReport, request_body, run_loadtest};
 use kiln_serve::batcher::BatcherConfig;
-use kiln_serve::protocol::{InferRequest, encode_response, select_outputs};
+use kiln_serve::protocol::{InferRequest, JsonReader, encode_response, select_outputs};
 use kiln_serve::{ServeConfig, ServeError, ServerHandle};
 
 /// Settings of one run.
@@ -211,8 +211,11 @@ pub struct Pinning {
 pub struct StageCost {
     /// `json_b1`, `binary_b64`, `pick_json_b1`, …
     pub request: String,
-    /// Body → [`InferRequest`].
+    /// Body → [`InferRequest`] (the server's reader).
     pub parse_us: f64,
+    /// The same with serde_json alone ([`JsonReader::Serde`]), in the same run, the two
+    /// timed in alternation.
+    pub parse_serde_us: f64,
     /// Check and decode against the model.
     pub decode_us: f64,
     /// Batcher round trip: queue, instance, compute, reply.
@@ -399,7 +402,8 @@ fn stage_costs(
         let version = lv.version.to_string();
         let bytes = hyper::body::Bytes::from(body.clone());
         let h = hlen.map(|n| n.to_string());
-        let parse = || InferRequest::parse(bytes.clone(), h.as_deref());
+        let parse_with = |r| InferRequest::parse_with(bytes.clone(), h.as_deref(), r);
+        let parse = || parse_with(JsonReader::Fast);
         let req = parse().map_err(invalid)?;
         let input = lv
             .spec
@@ -412,8 +416,20 @@ fn stage_costs(
             )
             .map_err(|e| ServeBenchError::Invalid(e.to_string()))?
             .0;
-        let parse_us = median_us(iters, || {
-            std::hint::black_box(parse().ok());
+        let mut times = [Vec::new(), Vec::new()];
+        for _ in 0..iters.max(1) {
+            for (k, r) in [JsonReader::Serde, JsonReader::Fast]
+                .into_iter()
+                .enumerate()
+            {
+                let t = Instant::now();
+                std::hint::black_box(parse_with(r).ok());
+                times[k].push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let [parse_serde_us, parse_us] = times.map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
         });
         let decode_us = median_us(iters, || {
             std::hint::black_box(lv.spec.decode(&req.inputs, model, max_batch).ok());
@@ -434,6 +450,7 @@ fn stage_costs(
         out.push(StageCost {
             request: name.clone(),
             parse_us,
+            parse_serde_us,
             decode_us,
             batcher_us,
             encode_us,
@@ -925,8 +942,8 @@ pub fn format_report(r: &ServeBenchReport) -> String {
     }
     for st in &r.stages {
         s += &format!(
-            "stages {}: parse {:.2} µs, decode {:.2} µs, batcher {:.2} µs, encode {:.2} µs\n",
-            st.request, st.parse_us, st.decode_us, st.batcher_us, st.encode_us
+            "stages {}: parse {:.2} µs (serde_json alone {:.2}), decode {:.2} µs, batcher {:.2} µs, encode {:.2} µs\n",
+            st.request, st.parse_us, st.parse_serde_us, st.decode_us, st.batcher_us, st.encode_us
         );
     }
     if !r.watch_costs.is_empty() {

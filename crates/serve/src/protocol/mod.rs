@@ -12,7 +12,8 @@
 //! shapes and undecoded data; the model layer ([`super::model`]) checks them against its
 //! inputs and decodes them with the typed accessors of [`InputTensor`].
 //!
-//! * [`request`] — the server parses a request body into an [`InferRequest`];
+//! * [`request`] — the server parses a request body into an [`InferRequest`] (the JSON
+//!   with a single-pass reader for the usual shape, `fast_json`, and serde_json for the rest);
 //! * [`tensor`] — a request's input tensors and their typed decoders;
 //! * [`response`] — the server selects and encodes the outputs;
 //! * [`client`] — the other side: encoding requests and decoding responses, for the HTTP
@@ -24,6 +25,7 @@
 use std::fmt;
 
 pub mod client;
+mod fast_json;
 pub mod request;
 pub mod response;
 pub mod tensor;
@@ -32,7 +34,7 @@ pub use client::{
     DecodeError, DecodedOutput, EncodedRequest, RequestData, RequestTensor, decode_response,
     encode_request,
 };
-pub use request::{InferRequest, RequestedOutput};
+pub use request::{InferRequest, JsonReader, RequestedOutput};
 pub use response::{EncodedResponse, encode_response, select_outputs};
 pub use tensor::{InputData, InputTensor, JsonData};
 

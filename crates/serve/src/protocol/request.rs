@@ -10,30 +10,35 @@ use serde_json::{Map, Value};
 use super::tensor::{InputData, InputTensor, JsonData, parse_bytes_elements};
 use super::{Datatype, ProtocolError, check_counts, check_name, err};
 
+/// A request's JSON as read, before any check: what both readers (serde's here and
+/// [`super::fast_json`]) produce.
 #[derive(Deserialize)]
-struct RawRequest {
+#[cfg_attr(test, derive(Debug, PartialEq))]
+pub(super) struct RawRequest {
     #[serde(default)]
-    id: Option<Value>,
+    pub(super) id: Option<Value>,
     #[serde(default)]
-    parameters: Option<Map<String, Value>>,
-    inputs: Vec<RawInput>,
+    pub(super) parameters: Option<Map<String, Value>>,
+    pub(super) inputs: Vec<RawInput>,
     #[serde(default)]
-    outputs: Option<Vec<RawOutput>>,
+    pub(super) outputs: Option<Vec<RawOutput>>,
 }
 
 #[derive(Deserialize)]
-struct RawInput {
-    name: String,
-    shape: Vec<i64>,
-    datatype: String,
+#[cfg_attr(test, derive(Debug, PartialEq))]
+pub(super) struct RawInput {
+    pub(super) name: String,
+    pub(super) shape: Vec<i64>,
+    pub(super) datatype: String,
     #[serde(default)]
-    parameters: Option<Map<String, Value>>,
+    pub(super) parameters: Option<Map<String, Value>>,
     #[serde(default)]
-    data: Option<JsonData>,
+    pub(super) data: Option<JsonData>,
 }
 
 #[derive(Deserialize)]
-struct RawOutput {
+#[cfg_attr(test, derive(Debug, PartialEq))]
+pub(super) struct RawOutput {
     name: String,
     #[serde(default)]
     parameters: Option<Map<String, Value>>,
@@ -112,10 +117,39 @@ fn json_error_message(e: &serde_json::Error, json: &[u8]) -> String {
     msg
 }
 
+/// Which reader turns a request's JSON into fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonReader {
+    /// The single-pass reader for the usual request shape, with serde_json for the rest
+    /// (what the server uses).
+    Fast,
+    /// serde_json alone (the reference, for benchmarks and tests).
+    Serde,
+}
+
+/// The JSON part of a body read into fields, with serde's message on malformed input.
+fn read_json(json: &[u8], reader: JsonReader) -> Result<RawRequest, ProtocolError> {
+    if reader == JsonReader::Fast
+        && let Some(raw) = super::fast_json::request(json)
+    {
+        return Ok(raw);
+    }
+    serde_json::from_slice(json).map_err(|e| ProtocolError(json_error_message(&e, json)))
+}
+
 impl InferRequest {
     /// Parse a request body. `header_length` is the `Inference-Header-Content-Length` value
     /// (`None`: the whole body is JSON).
     pub fn parse(body: Bytes, header_length: Option<&str>) -> Result<Self, ProtocolError> {
+        Self::parse_with(body, header_length, JsonReader::Fast)
+    }
+
+    /// [`Self::parse`] with the given JSON reader; both give the same request or error.
+    pub fn parse_with(
+        body: Bytes,
+        header_length: Option<&str>,
+        reader: JsonReader,
+    ) -> Result<Self, ProtocolError> {
         let json_len = match header_length {
             None => body.len(),
             Some(h) => {
@@ -134,8 +168,7 @@ impl InferRequest {
             }
         };
         let json = body.slice(..json_len);
-        let raw: RawRequest = serde_json::from_slice(&json)
-            .map_err(|e| ProtocolError(json_error_message(&e, &json)))?;
+        let raw = read_json(&json, reader)?;
         let id = match raw.id {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s),
