@@ -204,38 +204,35 @@ pub struct MvnBenchArgs {
     /// users call it; `tight`: abseps = 1e-6, maxpts = 1e6).
     #[arg(long, default_value = "default", value_parser = ["default", "tight"])]
     pub anchor_r_algorithm: String,
+    /// Realistic mode: also run SciPy's `multivariate_normal.cdf` at its defaults on the same
+    /// queries through this script (benches/scipy_mvn_reference.py, with --anchor-python)
+    /// and print the same matched-accuracy comparison: one `mvn-vs-scipy` line per d and
+    /// thread count.
+    #[arg(long, value_name = "SCRIPT")]
+    pub anchor_scipy: Option<PathBuf>,
+    /// With --anchor-scipy: a Python interpreter with numpy and scipy.
+    #[arg(long, value_name = "PYTHON", default_value = "python3")]
+    pub anchor_python: PathBuf,
 }
 
-/// Runs `benches/r_mvn_reference.R` (`--anchor-r`) on the fixture's queries of dimensions `d`.
-fn run_r_anchor(
+/// Runs an anchor's script (`flag`: `--anchor-r` or `--anchor-scipy`) as `program script
+/// args…` and reads its JSON lines.
+fn run_anchor(
+    flag: &str,
+    program: &std::path::Path,
     script: &std::path::Path,
-    fixture: &std::path::Path,
-    d: &[usize],
-    rounds: usize,
-    algorithm: &str,
+    args: &[String],
+    install: &str,
 ) -> anyhow::Result<Vec<AnchorRecord>> {
-    let dims = d
-        .iter()
-        .map(|d| d.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    let out = std::process::Command::new("Rscript")
+    let shown = format!("{} {}", program.display(), script.display());
+    let out = std::process::Command::new(program)
         .arg(script)
-        .args(["--fixture", &fixture.display().to_string()])
-        .args(["--d", &dims, "--rounds", &rounds.max(1).to_string()])
-        .args(["--algorithm", algorithm])
+        .args(args)
         .output()
-        .with_context(|| {
-            format!(
-                "--anchor-r: cannot run `Rscript {}` (install Debian's r-base, r-cran-mvtnorm \
-                 and r-cran-jsonlite)",
-                script.display()
-            )
-        })?;
+        .with_context(|| format!("{flag}: cannot run `{shown}` ({install})"))?;
     if !out.status.success() {
         bail!(
-            "--anchor-r: `Rscript {}` failed ({}): {}",
-            script.display(),
+            "{flag}: `{shown}` failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
@@ -247,12 +244,57 @@ fn run_r_anchor(
         .map(|(i, l)| {
             serde_json::from_str(l).with_context(|| {
                 format!(
-                    "--anchor-r: line {} of the script's output is not a record: {l}",
+                    "{flag}: line {} of the script's output is not a record: {l}",
                     i + 1
                 )
             })
         })
         .collect()
+}
+
+/// The anchors `--anchor-r` and `--anchor-scipy` ask for, on the fixture's queries of --d.
+fn run_anchors(
+    args: &MvnBenchArgs,
+    fixture: &std::path::Path,
+) -> anyhow::Result<Vec<AnchorRecord>> {
+    let dims = args
+        .d
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let common = [
+        "--fixture".to_string(),
+        fixture.display().to_string(),
+        "--d".into(),
+        dims,
+        "--rounds".into(),
+        args.rounds.max(1).to_string(),
+    ];
+    let mut all = Vec::new();
+    if let Some(script) = &args.anchor_r {
+        let mut a = common.to_vec();
+        a.extend(["--algorithm".into(), args.anchor_r_algorithm.clone()]);
+        all.extend(run_anchor(
+            "--anchor-r",
+            std::path::Path::new("Rscript"),
+            script,
+            &a,
+            "install Debian's r-base, r-cran-mvtnorm and r-cran-jsonlite",
+        )?);
+    }
+    if let Some(script) = &args.anchor_scipy {
+        let mut a = vec!["time".to_string()];
+        a.extend(common);
+        all.extend(run_anchor(
+            "--anchor-scipy",
+            &args.anchor_python,
+            script,
+            &a,
+            "pass --anchor-python, an interpreter with numpy and scipy",
+        )?);
+    }
+    Ok(all)
 }
 
 /// `kiln bench mvn --realistic FILE`: one line per (threads, points, tolerance, d, family).
@@ -271,17 +313,8 @@ fn run_realistic_bench(args: &MvnBenchArgs, path: &std::path::Path) -> anyhow::R
     if args.threads.contains(&0) {
         bail!("--threads has 0; expected at least 1");
     }
-    // R first: a missing R fails before minutes of kiln runs, not after.
-    let anchors = match &args.anchor_r {
-        Some(script) => Some(run_r_anchor(
-            script,
-            path,
-            &args.d,
-            args.rounds,
-            &args.anchor_r_algorithm,
-        )?),
-        None => None,
-    };
+    // The anchors first: a missing R or SciPy fails before minutes of kiln runs, not after.
+    let anchors = run_anchors(args, path)?;
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let mut all = Vec::new();
@@ -352,18 +385,18 @@ fn run_realistic_bench(args: &MvnBenchArgs, path: &std::path::Path) -> anyhow::R
             }
         }
     }
-    for c in compare_with_anchor(&all, anchors.as_deref().unwrap_or_default()) {
+    for c in compare_with_anchor(&all, &anchors) {
         if args.json {
             writeln!(out, "{}", serde_json::to_string(&c)?)?;
             continue;
         }
         let a = &c.anchor;
         let head = format!(
-            "vs R mvtnorm {} ({}): d {:>2}, {} thr: R {:.1} µs (RMS {:.2e})",
-            a.mvtnorm,
-            a.algorithm,
+            "vs {}: d {:>2}, {} thr: {} {:.1} µs (RMS {:.2e})",
+            a.label(),
             c.d,
             c.threads,
+            if a.bench == "scipy-mvn" { "SciPy" } else { "R" },
             a.ms_per_query_mean * 1e3,
             a.rms_err
         );

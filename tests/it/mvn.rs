@@ -1084,3 +1084,90 @@ fn adaptive_stops_stay_within_four_standard_errors_on_realistic_families() {
         );
     }
 }
+
+/// `kiln bench mvn --anchor-scipy`: SciPy's defaults answer the realistic fixture's queries
+/// (benches/scipy_mvn_reference.py, the real SciPy), and kiln's fastest setting at or below
+/// SciPy's RMS error is reported per d and thread count, with the ratio.
+#[test]
+#[ignore = "needs SciPy: KILN_TEST_SCIPY_PYTHON (.ci/scipy.sh)"]
+fn bench_mvn_compares_with_scipy_at_matched_accuracy() {
+    let python = crate::common::required_env(
+        "KILN_TEST_SCIPY_PYTHON",
+        "a Python with scipy and numpy (.ci/scipy.sh)",
+    );
+    let out = crate::common::kiln(&[
+        "bench",
+        "mvn",
+        "--realistic",
+        "benches/mvn_realistic.json",
+        "--d",
+        "2,4",
+        "--points",
+        "4096",
+        "--tolerance",
+        "1e-3,1e-7",
+        "--threads",
+        "1",
+        "--copies",
+        "1",
+        "--rounds",
+        "1",
+        "--min-time",
+        "0.01",
+        "--anchor-scipy",
+        "benches/scipy_mvn_reference.py",
+        "--anchor-python",
+        &python,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["bench"] == "mvn-vs-scipy")
+        .collect();
+    let ds: Vec<u64> = lines.iter().map(|l| l["d"].as_u64().unwrap()).collect();
+    assert_eq!(ds, [2, 4], "{lines:?}");
+    for l in &lines {
+        let a = &l["anchor"];
+        assert_eq!(a["bench"], "scipy-mvn");
+        assert!(
+            a["scipy"].as_str().is_some_and(|v| v.starts_with('1')),
+            "{a}"
+        );
+        let (ms, rms) = (
+            a["ms_per_query_mean"].as_f64().unwrap(),
+            a["rms_err"].as_f64().unwrap(),
+        );
+        assert!(ms > 0.0 && rms.is_finite(), "{a}");
+        // The chosen setting is at least as accurate (1e-7 always is here), and the ratio
+        // is SciPy's time over kiln's.
+        let k = &l["kiln"];
+        let krms = k["rms_err"].as_f64().unwrap();
+        assert!(krms <= rms.max(k["max_ref_err"].as_f64().unwrap()), "{l}");
+        let ratio = l["ratio"].as_f64().unwrap();
+        assert!((ratio - ms * 1e3 / k["us_mean"].as_f64().unwrap()).abs() < 1e-6 * ratio);
+    }
+    // A missing interpreter is an error naming the flag, before any kiln run.
+    let out = crate::common::kiln(&[
+        "bench",
+        "mvn",
+        "--realistic",
+        "benches/mvn_realistic.json",
+        "--d",
+        "2",
+        "--anchor-scipy",
+        "benches/scipy_mvn_reference.py",
+        "--anchor-python",
+        "/nonexistent/python",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--anchor-scipy"),
+        "{err}"
+    );
+}
