@@ -2,9 +2,9 @@
 //! reader in [`super::request`].
 //!
 //! serde_json scans a tensor's `data` array and then converts every number through its
-//! correctly rounded (`float_roundtrip`) path. On a batch-64 request of ten FP32 inputs, as
-//! tritonclient sends them (every float printed with 17 digits), that was 31 µs of a 133 µs
-//! round trip (`kiln bench serve`). This reader scans each number once and converts it
+//! correctly rounded (`float_roundtrip`) path. On a batch-64 request of ten features (640
+//! FP32 values), as tritonclient sends them (every float printed with 17 digits), that was
+//! 31 µs of a 133 µs round trip (`kiln bench serve`). This reader scans each number once and converts it
 //! from the digits it already holds. The conversion is exact, so the result is the
 //! correctly rounded double that serde_json gives, to the bit:
 //!
