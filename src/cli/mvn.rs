@@ -198,7 +198,7 @@ pub struct MvnBenchArgs {
     /// (benches/r_mvn_reference.R, with `Rscript` from PATH; Debian's r-cran-mvtnorm and
     /// r-cran-jsonlite) and print, per d and thread count, the fastest kiln setting of this run
     /// whose RMS error is at most R's: one `mvn-vs-r` line each, with the ratio.
-    #[arg(long, value_name = "SCRIPT")]
+    #[arg(long, value_name = "SCRIPT", requires = "realistic")]
     pub anchor_r: Option<PathBuf>,
     /// With --anchor-r: the mvtnorm algorithm (`default`: GenzBretz(abseps = 1e-3), as R
     /// users call it; `tight`: abseps = 1e-6, maxpts = 1e6).
@@ -208,10 +208,15 @@ pub struct MvnBenchArgs {
     /// queries through this script (benches/scipy_mvn_reference.py, with --anchor-python)
     /// and print the same matched-accuracy comparison: one `mvn-vs-scipy` line per d and
     /// thread count.
-    #[arg(long, value_name = "SCRIPT")]
+    #[arg(long, value_name = "SCRIPT", requires = "realistic")]
     pub anchor_scipy: Option<PathBuf>,
     /// With --anchor-scipy: a Python interpreter with numpy and scipy.
-    #[arg(long, value_name = "PYTHON", default_value = "python3")]
+    #[arg(
+        long,
+        value_name = "PYTHON",
+        default_value = "python3",
+        requires = "anchor_scipy"
+    )]
     pub anchor_python: PathBuf,
 }
 

@@ -1171,3 +1171,34 @@ fn bench_mvn_compares_with_scipy_at_matched_accuracy() {
         "{err}"
     );
 }
+
+/// The anchor flags belong to the realistic mode: given without it, or the interpreter without
+/// its script, they are a usage error, not silently ignored.
+#[test]
+fn anchor_flags_without_the_realistic_mode_are_refused() {
+    for args in [
+        &[
+            "bench",
+            "mvn",
+            "--anchor-scipy",
+            "benches/scipy_mvn_reference.py",
+        ][..],
+        &["bench", "mvn", "--anchor-r", "benches/r_mvn_reference.R"],
+        &[
+            "bench",
+            "mvn",
+            "--realistic",
+            "benches/mvn_realistic.json",
+            "--anchor-python",
+            "python3",
+        ],
+    ] {
+        let out = crate::common::kiln(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("--realistic") || err.contains("--anchor-scipy"),
+            "{err}"
+        );
+    }
+}
