@@ -313,7 +313,7 @@ fn set_once<T>(slot: &mut Option<T>, v: T) -> Option<()> {
 /// One JSON number at `s[*i..]`, advancing `*i` past it: the correctly rounded double, or
 /// `None` when the text is not a JSON number or its value is not finite.
 #[inline]
-pub(crate) fn number(s: &[u8], i: &mut usize) -> Option<f64> {
+fn number(s: &[u8], i: &mut usize) -> Option<f64> {
     let start = *i;
     let mut p = start;
     let neg = s.get(p) == Some(&b'-');
@@ -457,6 +457,7 @@ fn exact(m: u64, exp: i64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_core::rng::SplitMix64 as Rng;
 
     fn parse_number(t: &str) -> Option<f64> {
         let mut i = 0;
@@ -464,28 +465,13 @@ mod tests {
         (i == t.len()).then_some(v)
     }
 
-    /// A small seeded generator (splitmix64).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
     /// A random JSON number's text: how doubles and floats print, and long, short, padded
     /// and exponent forms.
     fn random_number(r: &mut Rng) -> String {
         match r.below(6) {
-            0 => format!("{:?}", f64::from_bits(r.next()) % 1e6),
-            1 => format!("{}", (f32::from_bits(r.next() as u32) % 1e4) as f64),
-            2 => format!("{:e}", f64::from_bits(r.next())),
+            0 => format!("{:?}", f64::from_bits(r.next_u64()) % 1e6),
+            1 => format!("{}", (f32::from_bits(r.next_u64() as u32) % 1e4) as f64),
+            2 => format!("{:e}", f64::from_bits(r.next_u64())),
             3 => {
                 let digits: String = (0..1 + r.below(24))
                     .map(|_| char::from(b'0' + r.below(10) as u8))
@@ -505,7 +491,7 @@ mod tests {
                 }
                 t
             }
-            4 => format!("{}", r.next() >> r.below(64)),
+            4 => format!("{}", r.next_u64() >> r.below(64)),
             _ => format!("{}", (r.below(2_000_001) as f64 - 1e6) / 1e3),
         }
         .replace("inf", "1e999")
@@ -514,7 +500,7 @@ mod tests {
 
     #[test]
     fn numbers_convert_to_the_bit_as_the_standard_library_and_serde_json_do() {
-        let mut r = Rng(29);
+        let mut r = Rng::new(29);
         let edge = [
             "0",
             "-0",
@@ -707,7 +693,7 @@ mod tests {
 
     #[test]
     fn usual_requests_take_the_single_pass_and_read_as_serde_reads_them() {
-        let mut r = Rng(7);
+        let mut r = Rng::new(7);
         for _ in 0..3000 {
             let body = random_request(&mut r);
             let fast = request(body.as_bytes()).unwrap_or_else(|| panic!("not read: {body:?}"));
@@ -721,7 +707,7 @@ mod tests {
 
     #[test]
     fn damaged_or_unusual_requests_are_left_to_serde_or_read_alike() {
-        let mut r = Rng(11);
+        let mut r = Rng::new(11);
         let bytes = b" ,:[]{}\"\\-.e0123456789tfnu";
         let (mut taken, mut left) = (0, 0);
         for _ in 0..20_000 {
