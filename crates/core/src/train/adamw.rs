@@ -1,22 +1,39 @@
-//! The stage optimizer: Burn's AdamW, with its update done in one host pass per parameter
-//! tensor on the default CPU backend.
+//! The stage optimizer: Burn's AdamW, with its update done on the host on the default CPU
+//! backend.
 //!
 //! Burn's `AdamW::step` is a dozen tensor operations per parameter (moments, bias
-//! correction, square root, decay, update), each allocating; on `Flex` at kiln's parameter
-//! counts (3,654 in the reference network) that is tens of microseconds per step of pure
-//! overhead. [`KilnAdamW`] performs the *same* f32 operations in the same order, element by
-//! element, in one loop — so its results are bit-identical to Burn's (tested below) — and
-//! stores its state in Burn's `AdamWState`, so optimizer snapshots (`optim.bin`) written
-//! before and after read back unchanged. On any other backend it is Burn's AdamW.
+//! correction, square root, decay, update), each allocating, and Burn's `OptimizerAdaptor`
+//! around it moves every parameter's state in and out of a hash map of boxed records on every
+//! step; on `Flex` at kiln's parameter counts (3,654 in the reference network) that is tens of
+//! microseconds per step of pure overhead. Two layers remove it:
+//!
+//! * [`KilnAdamW`] performs the *same* f32 operations in the same order, element by element,
+//!   in one loop — so its results are bit-identical to Burn's (tested below) — as a Burn
+//!   `SimpleOptimizer` whose state is Burn's `AdamWState`.
+//! * [`StageAdamW`] is the stage's `Optimizer`. On `Autodiff<Flex>` it keeps the moments of
+//!   every f32 parameter in two flat host buffers (one range per parameter, in the module's
+//!   visiting order) and updates the parameter's own buffer in place with that loop: no
+//!   tensor, record or hash-map entry is made per step. Anything else (another backend, a
+//!   parameter of another precision, an AMSGrad state) takes `KilnAdamW` through Burn's
+//!   records, exactly as `OptimizerAdaptor` would. Its record *is* `OptimizerAdaptor`'s, so
+//!   optimizer snapshots (`optim.bin`) written before and after read back unchanged, and
+//!   Burn's own AdamW resumes from them.
 
 use std::any::TypeId;
+use std::marker::PhantomData;
 
-use burn::module::AutodiffModule;
-use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWState, AdaptiveMomentumState, LearningRate, SimpleOptimizer};
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::record::AdaptorRecord;
+use burn::optim::{
+    AdamW, AdamWState, AdaptiveMomentumState, GradientsParams, LearningRate, MultiGradientsParams,
+    Optimizer, SimpleOptimizer,
+};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_flex::{Flex, FlexTensor};
+use hashbrown::HashMap;
+use kiln_base::simd::Kernel;
 
 use crate::config::StageConfig;
 use crate::model::fused_linear::cast;
@@ -25,6 +42,8 @@ use crate::model::fused_linear::cast;
 #[derive(Clone)]
 pub struct KilnAdamW {
     burn: AdamW,
+    /// The vector path of the host update (the same bits on every path).
+    kernel: Kernel,
     beta_1: f32,
     beta_2: f32,
     epsilon: f32,
@@ -37,6 +56,7 @@ impl KilnAdamW {
         let o = &stage.optimizer;
         Self {
             burn: super::stage::adamw(stage).build(),
+            kernel: Kernel::best(),
             beta_1: o.beta1 as f32,
             beta_2: o.beta2 as f32,
             epsilon: o.eps as f32,
@@ -48,8 +68,8 @@ impl KilnAdamW {
 /// The stage's fresh optimizer over module `M`.
 pub fn stage_optimizer<B: AutodiffBackend, M: AutodiffModule<B>>(
     stage: &StageConfig,
-) -> OptimizerAdaptor<KilnAdamW, M, B> {
-    OptimizerAdaptor::from(KilnAdamW::new(stage))
+) -> StageAdamW<M, B> {
+    StageAdamW::new(KilnAdamW::new(stage))
 }
 
 /// The tensor's buffer in a canonical layout, unshared (copied only when something else
@@ -75,8 +95,6 @@ impl KilnAdamW {
     ) -> (Tensor<Flex, D>, AdamWState<Flex, D>) {
         let dims = param.dims();
         assert_eq!(param.shape().num_elements(), grad.shape().num_elements());
-        let (b1, b2) = (self.beta_1, self.beta_2);
-        let (f1, f2) = (1.0f32 - b1, 1.0f32 - b2);
         let g = owned(grad);
         let g = g.as_slice::<f32>().expect("contiguous f32");
         let (m, v, time) = match state {
@@ -91,37 +109,15 @@ impl KilnAdamW {
                 1,
             ),
         };
-        let first = time == 1;
-        let t = time as i32;
-        let (c1, c2) = (1f32 - b1.powi(t), 1f32 - b2.powi(t));
-        let decay_rate = lr * self.weight_decay as f64;
-        let keep = (1.0 - decay_rate) as f32;
-        let lr32 = lr as f32;
         let (mut m, mut v, mut w) = (m, v, owned(param));
-        let k = Consts {
-            b1,
-            b2,
-            f1,
-            f2,
-            c1,
-            c2,
-            eps: self.epsilon,
-            keep,
-            lr: lr32,
-        };
-        let (ms, vs, ws) = (
+        self.update_host(
+            lr,
+            time,
             m.storage_mut::<f32>(),
             v.storage_mut::<f32>(),
             w.storage_mut::<f32>(),
+            g,
         );
-        // One loop per case, each branch-free so that it vectorises (IEEE division and
-        // square root give the same bits in vector lanes as in scalar code).
-        match (first, decay_rate == 0.0) {
-            (true, true) => update::<true, false>(ms, vs, ws, g, &k),
-            (true, false) => update::<true, true>(ms, vs, ws, g, &k),
-            (false, true) => update::<false, false>(ms, vs, ws, g, &k),
-            (false, false) => update::<false, true>(ms, vs, ws, g, &k),
-        }
         let momentum = AdaptiveMomentumState {
             time,
             moment_1: wrap(m),
@@ -130,6 +126,89 @@ impl KilnAdamW {
         };
         (wrap(w), AdamWState { momentum })
     }
+}
+
+impl KilnAdamW {
+    /// Burn's AdamW update of one f32 parameter `ws` with gradient `g` at step `time` (1 for
+    /// the first), its moments `ms` and `vs` updated in place.
+    fn update_host(
+        &self,
+        lr: LearningRate,
+        time: usize,
+        ms: &mut [f32],
+        vs: &mut [f32],
+        ws: &mut [f32],
+        g: &[f32],
+    ) {
+        let (b1, b2) = (self.beta_1, self.beta_2);
+        let t = time as i32;
+        let decay_rate = lr * self.weight_decay as f64;
+        let k = Consts {
+            b1,
+            b2,
+            f1: 1.0f32 - b1,
+            f2: 1.0f32 - b2,
+            c1: 1f32 - b1.powi(t),
+            c2: 1f32 - b2.powi(t),
+            eps: self.epsilon,
+            keep: (1.0 - decay_rate) as f32,
+            lr: lr as f32,
+        };
+        // One loop per case, each branch-free so that it vectorises (IEEE division and
+        // square root give the same bits in vector lanes as in scalar code).
+        match (time == 1, decay_rate == 0.0) {
+            (true, true) => update_on::<true, false>(self.kernel, ms, vs, ws, g, &k),
+            (true, false) => update_on::<true, true>(self.kernel, ms, vs, ws, g, &k),
+            (false, true) => update_on::<false, false>(self.kernel, ms, vs, ws, g, &k),
+            (false, false) => update_on::<false, true>(self.kernel, ms, vs, ws, g, &k),
+        }
+    }
+}
+
+/// [`update`] compiled for the vector path `kernel`: the loop is the same IEEE operations
+/// (no contraction into fused multiply-adds), so every path gives the same bits; wider
+/// vectors only divide and take square roots more lanes at a time.
+fn update_on<const FIRST: bool, const DECAY: bool>(
+    kernel: Kernel,
+    ms: &mut [f32],
+    vs: &mut [f32],
+    ws: &mut [f32],
+    g: &[f32],
+    k: &Consts,
+) {
+    match kernel {
+        // SAFETY: the token proves the CPU has the instruction set the function is built for.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512(_) => unsafe { update_avx512::<FIRST, DECAY>(ms, vs, ws, g, k) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2(_) => unsafe { update_avx2::<FIRST, DECAY>(ms, vs, ws, g, k) },
+        Kernel::Portable(_) => update::<FIRST, DECAY>(ms, vs, ws, g, k),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn update_avx512<const FIRST: bool, const DECAY: bool>(
+    ms: &mut [f32],
+    vs: &mut [f32],
+    ws: &mut [f32],
+    g: &[f32],
+    k: &Consts,
+) {
+    update::<FIRST, DECAY>(ms, vs, ws, g, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn update_avx2<const FIRST: bool, const DECAY: bool>(
+    ms: &mut [f32],
+    vs: &mut [f32],
+    ws: &mut [f32],
+    g: &[f32],
+    k: &Consts,
+) {
+    update::<FIRST, DECAY>(ms, vs, ws, g, k)
 }
 
 /// The step's scalars: betas, their complements, bias corrections, epsilon, the decay
@@ -217,6 +296,308 @@ impl<B: Backend> SimpleOptimizer<B> for KilnAdamW {
     }
 }
 
+/// The flat path's backend.
+type Ad = Autodiff<Flex>;
+
+/// One parameter's range of the flat moment buffers.
+#[derive(Clone)]
+struct Slot {
+    id: ParamId,
+    start: usize,
+    len: usize,
+    /// Steps taken so far (Burn's `AdaptiveMomentumState::time`).
+    time: usize,
+    shape: Vec<usize>,
+    /// Its state as Burn's record ([`slot_record`] for the parameter's rank).
+    record: fn(&Slot, &[f32], &[f32]) -> AdaptorRecord<KilnAdamW, Ad>,
+}
+
+/// A slot's moments as the record Burn's `OptimizerAdaptor` keeps for a rank-`D` parameter.
+fn slot_record<const D: usize>(slot: &Slot, m: &[f32], v: &[f32]) -> AdaptorRecord<KilnAdamW, Ad> {
+    let tensor = |x: &[f32]| {
+        let data = TensorData::new(
+            x[slot.start..slot.start + slot.len].to_vec(),
+            slot.shape.clone(),
+        );
+        Tensor::<Flex, D>::from_data(data, &Default::default())
+    };
+    AdaptorRecord::from_state::<D>(AdamWState {
+        momentum: AdaptiveMomentumState {
+            time: slot.time,
+            moment_1: tensor(m),
+            moment_2: tensor(v),
+            max_moment_2: None,
+        },
+    })
+}
+
+/// The stage's AdamW over module `M` (see the module docs): flat host state for the f32
+/// parameters on `Autodiff<Flex>`, Burn's records for everything else; its record is
+/// `OptimizerAdaptor<KilnAdamW, M, B>`'s.
+pub struct StageAdamW<M, B: AutodiffBackend> {
+    optim: KilnAdamW,
+    /// First and second moments of the flat parameters, one range per slot.
+    m: Vec<f32>,
+    v: Vec<f32>,
+    /// The flat parameters in the order the module visits them.
+    slots: Vec<Slot>,
+    /// States of the other parameters, and loaded states not yet moved into a slot (a
+    /// parameter's rank is known only when the module visits it).
+    records: HashMap<ParamId, AdaptorRecord<KilnAdamW, B>>,
+    _module: PhantomData<fn() -> M>,
+}
+
+impl<M, B: AutodiffBackend> Clone for StageAdamW<M, B> {
+    fn clone(&self) -> Self {
+        Self {
+            optim: self.optim.clone(),
+            m: self.m.clone(),
+            v: self.v.clone(),
+            slots: self.slots.clone(),
+            records: self.records.clone(),
+            _module: PhantomData,
+        }
+    }
+}
+
+impl<M, B: AutodiffBackend> StageAdamW<M, B> {
+    fn new(optim: KilnAdamW) -> Self {
+        Self {
+            optim,
+            m: Vec::new(),
+            v: Vec::new(),
+            slots: Vec::new(),
+            records: HashMap::new(),
+            _module: PhantomData,
+        }
+    }
+
+    /// The slot of parameter `id`, looked for first at `hint` (the visiting order repeats
+    /// every step), else anywhere.
+    fn find(&self, id: ParamId, hint: usize) -> Option<usize> {
+        if self.slots.get(hint).is_some_and(|s| s.id == id) {
+            return Some(hint);
+        }
+        self.slots.iter().position(|s| s.id == id)
+    }
+
+    /// A new slot for a rank-`D` parameter of `shape`, its moments zero or, when the loaded
+    /// record holds a plain f32 state for it, that state's.
+    fn add_slot<const D: usize>(&mut self, id: ParamId, shape: Vec<usize>) -> Option<usize> {
+        let len: usize = shape.iter().product();
+        let (time, m, v) = match self.records.remove(&id) {
+            None => (0, vec![0.0; len], vec![0.0; len]),
+            Some(record) => {
+                let record: AdaptorRecord<KilnAdamW, Ad> =
+                    cast(record).map_err(|_| ()).expect("B is Ad");
+                let state: AdamWState<Flex, D> = record.into_state::<D>();
+                let s = state.momentum;
+                let plain = s.max_moment_2.is_none()
+                    && [s.moment_1.dtype(), s.moment_2.dtype()] == [DType::F32; 2]
+                    && s.moment_1.dims().to_vec() == shape
+                    && s.moment_2.dims().to_vec() == shape;
+                if !plain {
+                    // Not a state this path keeps: back to the records, Burn's step.
+                    let back =
+                        AdaptorRecord::<KilnAdamW, Ad>::from_state::<D>(AdamWState { momentum: s });
+                    self.records
+                        .insert(id, cast(back).map_err(|_| ()).expect("B is Ad"));
+                    return None;
+                }
+                let host = |t: Tensor<Flex, D>| t.into_data().to_vec::<f32>().expect("f32");
+                (s.time, host(s.moment_1), host(s.moment_2))
+            }
+        };
+        let start = self.m.len();
+        self.m.extend_from_slice(&m);
+        self.v.extend_from_slice(&v);
+        self.slots.push(Slot {
+            id,
+            start,
+            len,
+            time,
+            shape,
+            record: slot_record::<D>,
+        });
+        Some(self.slots.len() - 1)
+    }
+
+    /// One step of an f32 parameter on `Autodiff<Flex>` in the flat buffers; `Err` hands the
+    /// parameter and gradient back for Burn's records.
+    #[allow(clippy::type_complexity)]
+    fn flat_step<const D: usize>(
+        &mut self,
+        lr: LearningRate,
+        id: ParamId,
+        tensor: Tensor<Ad, D>,
+        grad: Tensor<Flex, D>,
+        hint: usize,
+    ) -> Result<Tensor<Ad, D>, (Tensor<Ad, D>, Tensor<Flex, D>)> {
+        if [tensor.dtype(), grad.dtype()] != [DType::F32; 2] {
+            return Err((tensor, grad));
+        }
+        let shape = tensor.dims().to_vec();
+        let len = s_len(&shape);
+        let slot = match self.find(id, hint) {
+            Some(i) if self.slots[i].shape == shape => i,
+            Some(_) => return Err((tensor, grad)),
+            None => match self.add_slot::<D>(id, shape) {
+                Some(i) => i,
+                None => return Err((tensor, grad)),
+            },
+        };
+        // The parameter keeps its autodiff leaf (node and reference count): only its buffer
+        // changes. Burn's adaptor makes a new leaf per parameter and step (`from_inner`, then
+        // `require_grad`, which registers a root step with the graph), as if the parameter
+        // were new; a leaf that outlives a backward pass is what gradient accumulation uses
+        // too. The buffer is the module's alone here (the optimizer owns the module), so the
+        // update is in place.
+        let mut leaf = tensor.into_primitive().tensor();
+        if leaf.primitive.as_slice::<f32>().map(<[f32]>::len) != Some(len) {
+            leaf.primitive = leaf.primitive.to_contiguous();
+        }
+        let g: FlexTensor = grad.into_primitive().tensor();
+        let g = host(&g);
+        let s = &mut self.slots[slot];
+        s.time += 1;
+        let range = s.start..s.start + s.len;
+        self.optim.update_host(
+            lr,
+            s.time,
+            &mut self.m[range.clone()],
+            &mut self.v[range],
+            leaf.primitive.storage_mut::<f32>(),
+            &g,
+        );
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(leaf)))
+    }
+}
+
+fn s_len(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// A contiguous f32 view of a gradient (copies only a strided one).
+fn host(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+    match t.as_slice::<f32>() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(
+            t.to_contiguous()
+                .as_slice::<f32>()
+                .expect("contiguous f32")
+                .to_vec(),
+        ),
+    }
+}
+
+/// Visits the module's parameters for one step.
+struct StepMapper<'a, M, B: AutodiffBackend> {
+    optim: &'a mut StageAdamW<M, B>,
+    grads: GradientsParams,
+    lr: LearningRate,
+    /// Parameters with a flat step so far this step: where the next one's slot should be.
+    next_slot: usize,
+}
+
+impl<M, B: AutodiffBackend> ModuleMapper<B> for StepMapper<'_, M, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(grad) = self.grads.remove::<B::InnerBackend, D>(id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let (tensor, grad) = match (cast::<_, Tensor<Ad, D>>(tensor), cast(grad)) {
+            (Ok(t), Ok(g)) => match self.optim.flat_step(self.lr, id, t, g, self.next_slot) {
+                Ok(t) => {
+                    self.next_slot += 1;
+                    let t = cast(t).map_err(|_| ()).expect("B is Ad");
+                    return Param::from_mapped_value(id, t, mapper);
+                }
+                Err((t, g)) => (
+                    cast(t).map_err(|_| ()).expect("B is Ad"),
+                    cast(g).map_err(|_| ()).expect("B is Ad"),
+                ),
+            },
+            (Ok(t), Err(g)) => (cast(t).map_err(|_| ()).expect("B is Ad"), g),
+            (Err(t), Ok(g)) => (t, cast(g).map_err(|_| ()).expect("same type back")),
+            (Err(t), Err(g)) => (t, g),
+        };
+        // Burn's `OptimizerAdaptor`, parameter by parameter (one device: kiln's).
+        let require_grad = tensor.is_require_grad();
+        let state = self.optim.records.remove(&id).map(|r| r.into_state::<D>());
+        let (inner, state) = self.optim.optim.step(self.lr, tensor.inner(), grad, state);
+        if let Some(state) = state {
+            self.optim
+                .records
+                .insert(id, AdaptorRecord::from_state::<D>(state));
+        }
+        let mut tensor = Tensor::from_inner(inner);
+        if require_grad {
+            tensor = tensor.require_grad();
+        }
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+/// Moves every parameter's (accumulated) gradient from a multi-device set into one set.
+struct Gather<'a, B> {
+    multi: MultiGradientsParams,
+    single: &'a mut GradientsParams,
+    _b: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Gather<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some((g, _)) = self.multi.remove::<B::InnerBackend, D>(param.id) {
+            self.single.register(param.id, g);
+        }
+    }
+}
+
+impl<M: AutodiffModule<B>, B: AutodiffBackend> Optimizer<M, B> for StageAdamW<M, B> {
+    type Record = HashMap<ParamId, AdaptorRecord<KilnAdamW, B>>;
+
+    fn step(&mut self, lr: LearningRate, module: M, grads: GradientsParams) -> M {
+        module.map(&mut StepMapper {
+            optim: self,
+            grads,
+            lr,
+            next_slot: 0,
+        })
+    }
+
+    fn step_multi(&mut self, lr: LearningRate, module: M, grads: MultiGradientsParams) -> M {
+        // Each parameter's gradients summed as Burn's `MultiGradientsParams::remove` sums
+        // them, then one step.
+        let mut single = GradientsParams::new();
+        module.visit(&mut Gather::<B> {
+            multi: grads,
+            single: &mut single,
+            _b: PhantomData,
+        });
+        self.step(lr, module, single)
+    }
+
+    fn to_record(&self) -> Self::Record {
+        let mut out = self.records.clone();
+        for s in &self.slots {
+            let r = (s.record)(s, &self.m, &self.v);
+            out.insert(
+                s.id,
+                cast(r).map_err(|_| ()).expect("slots exist only on Ad"),
+            );
+        }
+        out
+    }
+
+    fn load_record(mut self, record: Self::Record) -> Self {
+        self.m.clear();
+        self.v.clear();
+        self.slots.clear();
+        self.records = record;
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +608,7 @@ mod tests {
     use burn::optim::{GradientsParams, Optimizer};
     use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
     use burn::tensor::Distribution;
+    use kiln_base::simd::Isa;
 
     type Ad = Autodiff<Flex>;
 
@@ -247,6 +629,39 @@ mod tests {
             .iter()
             .map(|v| v.to_bits())
             .collect()
+    }
+
+    #[test]
+    fn every_vector_path_updates_to_the_same_bits() {
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let mut draw = |n: usize, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|_| (rng.next_u64() as f32 / u64::MAX as f32 - 0.5) * scale)
+                .collect()
+        };
+        // A length with a remainder after every vector width.
+        let n = 16 * 61 + 13;
+        let (m0, v0, w0, g) = (draw(n, 1e-2), draw(n, 1e-4), draw(n, 2.0), draw(n, 1.0));
+        let v0: Vec<f32> = v0.iter().map(|v| v.abs()).collect();
+        let st = stage(0.01);
+        let run = |isa: Isa, time: usize, lr: f64| {
+            let mut opt = KilnAdamW::new(&st);
+            opt.kernel = Kernel::new(isa).expect("available");
+            let (mut m, mut v, mut w) = (m0.clone(), v0.clone(), w0.clone());
+            opt.update_host(lr, time, &mut m, &mut v, &mut w, &g);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            (bits(&m), bits(&v), bits(&w))
+        };
+        for (time, lr) in [(1, 1e-3), (1, 0.0), (7, 3e-3), (7, 0.0)] {
+            let want = run(Isa::Portable, time, lr);
+            for isa in Isa::available() {
+                assert!(
+                    run(isa, time, lr) == want,
+                    "{} time {time} lr {lr}",
+                    isa.name()
+                );
+            }
+        }
     }
 
     #[test]

@@ -33,7 +33,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorms<'_, B> {
                 }
                 Ok(g) => {
                     let p: FlexTensor = g.into_primitive().tensor();
-                    let sum = |s: &[f32]| s.iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+                    let sum = |s: &[f32]| sum_squares(s);
                     self.host += match p.as_slice::<f32>() {
                         Some(s) => sum(s),
                         None => sum(p.to_contiguous().as_slice::<f32>().expect("f32")),
@@ -43,6 +43,29 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorms<'_, B> {
             }
         }
     }
+}
+
+/// Σ v² in f64, over eight running sums (lane j takes elements j, j + 8, …) added pairwise
+/// at the end: the same order on every machine, and vectorisable, where one running sum is a
+/// chain of dependent additions (≈ 3.5 µs for the reference network's 3.5 k gradients).
+fn sum_squares(s: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            acc[j] += c[j] as f64 * c[j] as f64;
+        }
+    }
+    for (j, &v) in chunks.remainder().iter().enumerate() {
+        acc[j] += v as f64 * v as f64;
+    }
+    let quads = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (quads[0] + quads[2]) + (quads[1] + quads[3])
 }
 
 /// Multiplies every gradient by a factor.

@@ -14,12 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::module::{AutodiffModule, Module};
-use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 
-use super::adamw::{KilnAdamW, stage_optimizer};
+use super::adamw::{StageAdamW, stage_optimizer};
 use super::clip::clip_global_norm;
 use super::distill::{distill_loss, widen_targets};
 use super::evaluate::{mse_normalised, nll_normalised, predict_split};
@@ -39,7 +38,7 @@ use crate::observe::schedule::Schedule;
 use crate::records::{EpochRecord, StepPhases};
 
 /// The optimizer a stage builds afresh.
-type StageOptimizer<B> = OptimizerAdaptor<KilnAdamW, RegressionNet<B>, B>;
+type StageOptimizer<B> = StageAdamW<RegressionNet<B>, B>;
 
 /// How a stage ended.
 pub(crate) enum StageEnd {
