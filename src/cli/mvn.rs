@@ -22,7 +22,7 @@ use kiln::model::mvn::bench::{
     run_realistic, run_setting,
 };
 use kiln::model::mvn::lines::{LinesSummary, answer_lines};
-use kiln::model::mvn::{HaltonMvnCdfConfig, MvnMethod};
+use kiln::model::mvn::{HaltonMvnCdfConfig, MvnMethod, PointSet};
 use kiln::simd::Isa;
 
 fn parse_method(s: &str) -> Result<MvnMethod, String> {
@@ -71,7 +71,7 @@ pub struct MvnArgs {
     /// the box; rough).
     #[arg(long, default_value = "genz", value_parser = parse_method)]
     pub method: MvnMethod,
-    /// Halton points per randomisation (the work per query is points × randomisations).
+    /// Points per randomisation (the work per query is points × randomisations).
     #[arg(long, default_value_t = 4096)]
     pub points: usize,
     /// Independent randomisations; the standard error comes from their spread (at least 2).
@@ -91,6 +91,43 @@ pub struct MvnArgs {
     /// Adaptive mode: points per randomisation of the first stage.
     #[arg(long, default_value_t = 256)]
     pub min_points: usize,
+    /// Point sets: `halton` (scrambled Halton), `sobol` (scrambled Sobol': nets at powers of
+    /// two, so the adaptive stages double; the same accuracy from fewer points on the
+    /// realistic families) or `auto`: Sobol' with --tolerance, Halton without (the fixed
+    /// mode's answers stay those of earlier releases).
+    #[arg(long, default_value = "auto", value_parser = parse_sequence_or_auto)]
+    pub sequence: Sequence,
+}
+
+/// `--sequence`: a point set, or `auto` (`None`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sequence(pub Option<PointSet>);
+
+impl Sequence {
+    /// The point set for a run with (or without) a tolerance.
+    pub fn resolve(self, tolerance: Option<f64>) -> PointSet {
+        self.0.unwrap_or(if tolerance.is_some() {
+            PointSet::Sobol
+        } else {
+            PointSet::Halton
+        })
+    }
+}
+
+fn parse_sequence(s: &str) -> Result<PointSet, String> {
+    s.parse()
+}
+
+fn parse_sequence_or_auto(s: &str) -> Result<Sequence, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(Sequence(None));
+    }
+    s.parse().map(|p| Sequence(Some(p))).map_err(|e: String| {
+        e.replace(
+            "expected `halton` or `sobol`",
+            "expected `halton`, `sobol` or `auto`",
+        )
+    })
 }
 
 /// Runs `kiln mvn`: reads queries, writes one line per query: `{"p":..,"se":..}`, or
@@ -132,7 +169,8 @@ pub fn run_stream<R: BufRead, W: Write>(
         .with_seed(args.seed)
         .with_method(args.method)
         .with_tolerance(args.tolerance.0)
-        .with_min_points(args.min_points);
+        .with_min_points(args.min_points)
+        .with_sequence(args.sequence.resolve(args.tolerance.0));
     Ok(answer_lines::<Flex, _, _>(
         &config,
         &Default::default(),
@@ -167,6 +205,9 @@ pub struct MvnBenchArgs {
     /// Adaptive mode: points per randomisation of the first stage.
     #[arg(long, default_value_t = 256)]
     pub min_points: usize,
+    /// Point sets (comma-separated: halton, sobol), each a separate setting.
+    #[arg(long, value_delimiter = ',', default_value = "halton", value_parser = parse_sequence)]
+    pub sequence: Vec<PointSet>,
     /// Randomisations per query.
     #[arg(long, default_value_t = 8)]
     pub randomizations: usize,
@@ -341,14 +382,25 @@ fn run_realistic_bench(args: &MvnBenchArgs, path: &std::path::Path) -> anyhow::R
             "mean_err"
         )?;
     }
+    let mut grid = Vec::new();
     for &threads in &args.threads {
-        for &points in &args.points {
-            for &Tolerance(tolerance) in &args.tolerance {
+        for &sequence in &args.sequence {
+            for &points in &args.points {
+                for &Tolerance(tolerance) in &args.tolerance {
+                    grid.push((threads, sequence, points, tolerance));
+                }
+            }
+        }
+    }
+    for (threads, sequence, points, tolerance) in grid {
+        {
+            {
                 let setting = RealisticSetting {
                     points,
                     randomizations: args.randomizations,
                     tolerance,
                     min_points: args.min_points,
+                    sequence,
                     copies: args.copies,
                     rounds: args.rounds,
                     threads,
@@ -357,7 +409,12 @@ fn run_realistic_bench(args: &MvnBenchArgs, path: &std::path::Path) -> anyhow::R
                 };
                 let records =
                     run_realistic::<Flex>(&cases, &setting, args.seed, &Default::default())
-                        .map_err(|e| anyhow!("realistic points={points} threads={threads}: {e}"))?;
+                        .map_err(|e| {
+                            anyhow!(
+                                "realistic {} points={points} threads={threads}: {e}",
+                                sequence.name()
+                            )
+                        })?;
                 for r in records {
                     all.push(r.clone());
                     if args.json {
@@ -408,9 +465,10 @@ fn run_realistic_bench(args: &MvnBenchArgs, path: &std::path::Path) -> anyhow::R
         match (&c.kiln, c.ratio) {
             (Some(k), Some(ratio)) => writeln!(
                 out,
-                "{head}, kiln {:.1} µs (RMS {:.2e}, tolerance {}), {ratio:.1}×",
+                "{head}, kiln {:.1} µs (RMS {:.2e}, {}, tolerance {}), {ratio:.1}×",
                 k.us_mean,
                 k.rms_err,
+                k.sequence,
                 k.tolerance.map_or("none".into(), |t| format!("{t:.1e}"))
             )?,
             _ => writeln!(
@@ -455,19 +513,22 @@ pub fn run_bench(args: &MvnBenchArgs) -> anyhow::Result<()> {
     let device = Default::default();
     let mut grid = Vec::new();
     for &method in &args.method {
-        for &d in &args.d {
-            for &points in &args.points {
-                for &Tolerance(tolerance) in &args.tolerance {
-                    for &batch in &args.batch {
-                        grid.push(BenchSetting {
-                            method,
-                            d,
-                            points,
-                            batch,
-                            randomizations: args.randomizations,
-                            tolerance,
-                            min_points: args.min_points,
-                        });
+        for &sequence in &args.sequence {
+            for &d in &args.d {
+                for &points in &args.points {
+                    for &Tolerance(tolerance) in &args.tolerance {
+                        for &batch in &args.batch {
+                            grid.push(BenchSetting {
+                                method,
+                                d,
+                                points,
+                                batch,
+                                randomizations: args.randomizations,
+                                tolerance,
+                                min_points: args.min_points,
+                                sequence,
+                            });
+                        }
                     }
                 }
             }
@@ -531,6 +592,7 @@ mod tests {
             batch: 2,
             tolerance: Tolerance(None),
             min_points: 256,
+            sequence: Sequence(None),
         };
         let input = "{\"cov\": [[1]], \"upper\": [0]}\n\n{\"corr\": [[1, 0.5], [0.5, 1]], \"upper\": [0, 0]}\n{\"cov\": [[1]], \"upper\": [null]}\n";
         let mut out = Vec::new();
@@ -563,5 +625,76 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("--batch"), "{e}");
+    }
+
+    #[test]
+    fn sequence_flag_parses_and_auto_follows_the_tolerance() {
+        assert_eq!(parse_sequence_or_auto("auto"), Ok(Sequence(None)));
+        assert_eq!(
+            parse_sequence_or_auto("Sobol"),
+            Ok(Sequence(Some(PointSet::Sobol)))
+        );
+        assert_eq!(
+            parse_sequence_or_auto("halton"),
+            Ok(Sequence(Some(PointSet::Halton)))
+        );
+        let e = parse_sequence_or_auto("lattice").unwrap_err();
+        assert!(
+            e.contains("`lattice`") && e.contains("`halton`, `sobol` or `auto`"),
+            "{e}"
+        );
+        assert_eq!(Sequence(None).resolve(None), PointSet::Halton);
+        assert_eq!(Sequence(None).resolve(Some(1e-6)), PointSet::Sobol);
+        assert_eq!(
+            Sequence(Some(PointSet::Halton)).resolve(Some(1e-6)),
+            PointSet::Halton
+        );
+    }
+
+    #[test]
+    fn both_point_sets_answer_within_their_standard_errors() {
+        // An AR(1) box in d = 4 (not one-factor, so the adaptive mode integrates it too):
+        // P(X ≤ 0.3) against a tight Sobol' reference, each setting within 5 standard errors.
+        let corr = |i: i32, j: i32| 0.6f64.powi((i - j).abs());
+        let rows: Vec<String> = (0..4)
+            .map(|i| {
+                let r: Vec<String> = (0..4).map(|j| corr(i, j).to_string()).collect();
+                format!("[{}]", r.join(", "))
+            })
+            .collect();
+        let line = format!(
+            "{{\"corr\": [{}], \"upper\": [0.3, 0.3, 0.3, 0.3]}}\n",
+            rows.join(", ")
+        );
+        let answer = |sequence: Option<PointSet>, points: usize, tolerance: Option<f64>| {
+            let args = MvnArgs {
+                input: None,
+                method: MvnMethod::Genz,
+                points,
+                randomizations: 8,
+                seed: 3,
+                batch: 1,
+                tolerance: Tolerance(tolerance),
+                min_points: 64,
+                sequence: Sequence(sequence),
+            };
+            let mut out = Vec::new();
+            run_stream(&args, line.as_bytes(), &mut out).unwrap();
+            let v: serde_json::Value =
+                serde_json::from_str(String::from_utf8(out).unwrap().trim()).unwrap();
+            (v["p"].as_f64().unwrap(), v["se"].as_f64().unwrap())
+        };
+        let (reference, ref_se) = answer(Some(PointSet::Sobol), 65536, None);
+        assert!(ref_se < 2e-7, "{ref_se}");
+        for sequence in [None, Some(PointSet::Halton), Some(PointSet::Sobol)] {
+            for tolerance in [None, Some(1e-5)] {
+                let (p, se) = answer(sequence, 4096, tolerance);
+                assert!(se > 0.0 && se < 2e-5, "{sequence:?} {tolerance:?}: se {se}");
+                assert!(
+                    (p - reference).abs() <= 5.0 * se + 5.0 * ref_se,
+                    "{sequence:?} {tolerance:?}: {p} ± {se} vs {reference}"
+                );
+            }
+        }
     }
 }

@@ -1051,11 +1051,17 @@ fn realistic_families_are_accurate_on_every_cpu_path() {
 #[test]
 fn adaptive_stops_stay_within_four_standard_errors_on_realistic_families() {
     let (cases, queries) = realistic();
-    for (tolerance, points) in [(2e-6, 16384), (2e-5, 4096)] {
+    for (tolerance, points, sequence) in [
+        (2e-6, 16384, PointSet::Halton),
+        (2e-5, 4096, PointSet::Halton),
+        (2e-6, 16384, PointSet::Sobol),
+        (2e-5, 4096, PointSet::Sobol),
+    ] {
         let m = HaltonMvnCdfConfig::new()
             .with_max_dim(16)
             .with_points(points)
             .with_tolerance(Some(tolerance))
+            .with_sequence(sequence)
             .init::<Flex>(&Default::default())
             .expect("valid config");
         let est = m.forward(queries.as_slice()).expect("answers");
@@ -1065,7 +1071,8 @@ fn adaptive_stops_stay_within_four_standard_errors_on_realistic_families() {
             let sd = e.se + c.ref_err / 3.0 + 1e-12;
             assert!(
                 err <= 8.0 * sd && err <= 5.0 * tolerance,
-                "tolerance {tolerance:e}, case {k} ({} d = {}): {} ± {:.1e}, reference {}",
+                "{sequence:?}, tolerance {tolerance:e}, case {k} ({} d = {}): {} ± {:.1e}, \
+                 reference {}",
                 c.family,
                 c.d,
                 e.p,
@@ -1078,11 +1085,65 @@ fn adaptive_stops_stay_within_four_standard_errors_on_realistic_families() {
         }
         assert!(
             beyond.len() * 100 <= cases.len(),
-            "tolerance {tolerance:e}: {} of {} queries beyond 4 standard errors: {beyond:?}",
+            "{sequence:?}, tolerance {tolerance:e}: {} of {} queries beyond 4 standard errors: \
+             {beyond:?}",
             beyond.len(),
             cases.len()
         );
     }
+}
+
+/// One-factor covariances (the fixture's `factor_pos` and `factor_mixed` families, d ≥ 3) are
+/// answered exactly in the adaptive mode — a one-dimensional quadrature, standard error 0 —
+/// and estimated like any other query in the fixed mode; the other families are never taken
+/// for one-factor.
+#[test]
+fn one_factor_queries_are_exact_in_the_adaptive_mode_only() {
+    let (cases, queries) = realistic();
+    let config = HaltonMvnCdfConfig::new().with_max_dim(16).with_points(1024);
+    let adaptive = config
+        .clone()
+        .with_tolerance(Some(1e-5))
+        .init::<Flex>(&Default::default())
+        .unwrap()
+        .forward(queries.as_slice())
+        .unwrap();
+    let fixed = config
+        .init::<Flex>(&Default::default())
+        .unwrap()
+        .forward(queries.as_slice())
+        .unwrap();
+    let mut exact = 0;
+    for (k, c) in cases.iter().enumerate().filter(|(_, c)| c.d >= 3) {
+        let one_factor = c.family.starts_with("factor");
+        let (a, f) = (&adaptive[k], &fixed[k]);
+        if one_factor {
+            exact += 1;
+            assert_eq!(a.se, 0.0, "case {k} ({} d = {})", c.family, c.d);
+            assert!(
+                (a.p - c.reference).abs() <= 1e-12 + c.ref_err,
+                "case {k} ({} d = {}): {} vs {}",
+                c.family,
+                c.d,
+                a.p,
+                c.reference
+            );
+        } else {
+            assert!(
+                a.se > 0.0,
+                "case {k} ({} d = {}) was not integrated",
+                c.family,
+                c.d
+            );
+        }
+        assert!(
+            f.se > 0.0,
+            "case {k} ({} d = {}): fixed mode estimates",
+            c.family,
+            c.d
+        );
+    }
+    assert!(exact >= 90, "{exact} one-factor queries");
 }
 
 /// `kiln bench mvn --anchor-scipy`: SciPy's defaults answer the realistic fixture's queries

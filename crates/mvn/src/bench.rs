@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::MvnError;
 use super::halton::SplitMix64;
-use super::module::{HaltonMvnCdfConfig, MvnMethod};
+use super::module::{HaltonMvnCdfConfig, MvnMethod, PointSet};
 use super::normal::{norm_cdf, norm_pdf};
 use super::query::{MvnEstimate, MvnQuery};
 use kiln_base::simd::Isa;
@@ -137,6 +137,13 @@ pub struct BenchRecord {
     /// `points` without a tolerance).
     #[serde(default)]
     pub avg_points: f64,
+    /// The point sets (`halton` or `sobol`).
+    #[serde(default = "halton_name")]
+    pub sequence: String,
+}
+
+fn halton_name() -> String {
+    PointSet::Halton.name().into()
 }
 
 /// One benchmark setting.
@@ -156,6 +163,8 @@ pub struct BenchSetting {
     pub tolerance: Option<f64>,
     /// Adaptive mode's first stage (points per randomisation).
     pub min_points: usize,
+    /// The point sets.
+    pub sequence: PointSet,
 }
 
 /// Runs one setting on the CPU path: builds the module, answers the batch of equicorrelated
@@ -174,6 +183,7 @@ pub fn run_setting<B: Backend>(
         .with_method(setting.method)
         .with_tolerance(setting.tolerance)
         .with_min_points(setting.min_points)
+        .with_sequence(setting.sequence)
         .init::<B>(device)?;
     let cases = equicorrelated_cases(setting.d, 0.5, setting.batch, seed ^ 0x5eed);
     let queries: Vec<MvnQuery> = cases.iter().map(|c| c.query.clone()).collect();
@@ -216,6 +226,7 @@ pub fn run_setting<B: Backend>(
         calls,
         tolerance: setting.tolerance,
         avg_points,
+        sequence: setting.sequence.name().into(),
     })
 }
 
@@ -351,6 +362,8 @@ pub struct RealisticSetting {
     pub tolerance: Option<f64>,
     /// Adaptive mode's first stage.
     pub min_points: usize,
+    /// The point sets.
+    pub sequence: PointSet,
     /// Identical copies of a query per timed call (time per query = call time / copies).
     pub copies: usize,
     /// Timed rounds over all queries; a query's time is its median over the rounds.
@@ -416,6 +429,9 @@ pub struct RealisticRecord {
     /// answered exactly count 0).
     #[serde(default)]
     pub mean_points: f64,
+    /// The point sets (`halton` or `sobol`).
+    #[serde(default = "halton_name")]
+    pub sequence: String,
 }
 
 /// The p-th quantile (0 ≤ p ≤ 1) of sorted values, by linear interpolation.
@@ -545,6 +561,7 @@ pub fn run_realistic<B: Backend>(
         .with_seed(seed)
         .with_tolerance(setting.tolerance)
         .with_min_points(setting.min_points)
+        .with_sequence(setting.sequence)
         .init::<B>(device)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(setting.threads.max(1))
@@ -669,6 +686,7 @@ fn summarise(
         mean_se: stats.iter().map(|s| s.1).sum::<f64>() / n,
         max_ref_err: stats.iter().map(|s| s.2).fold(0.0, f64::max),
         mean_points: 0.0,
+        sequence: setting.sequence.name().into(),
     }
 }
 
@@ -701,6 +719,7 @@ mod tests {
             mean_se: rms,
             max_ref_err: 1e-12,
             mean_points: 256.0,
+            sequence: "halton".into(),
         }
     }
 

@@ -17,6 +17,7 @@
 //! matrix is not positive semi-definite, and the factorisation fails naming the pivot.
 
 use super::error::MvnError;
+use super::factor1::OneFactor;
 use super::normal::{norm_cdf, norm_pdf};
 use super::query::Prepared;
 
@@ -43,6 +44,9 @@ pub(crate) struct Factor {
     pub order: Vec<usize>,
     /// Pivots `0..random` have L[i][i] > 0; pivots `random..d` are deterministic.
     pub random: usize,
+    /// The covariance's one-factor structure, with the centred limits in the original
+    /// coordinates, when it has one (see [`crate::factor1`]).
+    pub one_factor: Option<(OneFactor, Vec<f64>, Vec<f64>)>,
 }
 
 /// Mean of a standard normal truncated to [lo, hi] (lo ≤ hi, either may be infinite).
@@ -202,6 +206,7 @@ pub(crate) fn factor(query: usize, p: &Prepared) -> Result<Factor, MvnError> {
         b,
         order,
         random,
+        one_factor: OneFactor::detect(&p.cov, d).map(|f| (f, p.a.clone(), p.b.clone())),
     })
 }
 

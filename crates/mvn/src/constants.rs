@@ -2,8 +2,10 @@
 //! module's tensors are made from them), and the CPU path's host copy in f64, rebuilt from
 //! the tensors whenever the module loads a record.
 
+use super::PointSet;
 use super::halton::{SplitMix64, scrambled_halton};
 use super::normal::{BLOCK, norm_ppf};
+use super::sobol::scrambled_sobol;
 
 /// Smallest and largest uniform fed to Φ⁻¹ for the naive quantile table.
 const QUANTILE_CLAMP: f64 = 1.0 / 4_294_967_296.0; // 2^-32
@@ -19,15 +21,35 @@ pub(crate) struct RawConstants {
     pub max_dim: usize,
     /// Number of randomisations R.
     pub randomizations: usize,
-    /// R independently scrambled Halton sets, R × n × max_dim, in [0, 1).
+    /// R independently scrambled Halton (or Sobol') sets, R × n × max_dim, in [0, 1).
     pub points: Vec<f32>,
     /// Φ⁻¹ of the points, R × n × max_dim (naive method only).
     pub quantiles: Option<Vec<f32>>,
 }
 
 impl RawConstants {
-    /// Draws the R scrambled point sets for a seed.
+    /// Draws the R scrambled Halton point sets for a seed.
+    #[cfg(test)]
     pub fn generate(
+        n: usize,
+        max_dim: usize,
+        randomizations: usize,
+        seed: u64,
+        with_quantiles: bool,
+    ) -> Self {
+        Self::generate_set(
+            PointSet::Halton,
+            n,
+            max_dim,
+            randomizations,
+            seed,
+            with_quantiles,
+        )
+    }
+
+    /// Draws the R scrambled point sets of `sequence` for a seed.
+    pub fn generate_set(
+        sequence: PointSet,
         n: usize,
         max_dim: usize,
         randomizations: usize,
@@ -37,11 +59,11 @@ impl RawConstants {
         let mut rng = SplitMix64::new(seed);
         let mut points = Vec::with_capacity(randomizations * n * max_dim);
         for _ in 0..randomizations {
-            points.extend(
-                scrambled_halton(n, max_dim, &mut rng)
-                    .into_iter()
-                    .map(|v| (v as f32).min(BELOW_ONE)),
-            );
+            let set = match sequence {
+                PointSet::Halton => scrambled_halton(n, max_dim, &mut rng),
+                PointSet::Sobol => scrambled_sobol(n, max_dim, &mut rng, true),
+            };
+            points.extend(set.into_iter().map(|v| (v as f32).min(BELOW_ONE)));
         }
         let mut raw = Self {
             n,

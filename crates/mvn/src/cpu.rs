@@ -8,10 +8,12 @@
 //!
 //! **Adaptive mode** (a `tolerance` in the config, Genz method only): each query integrates
 //! over the first `min_points` points of every randomisation, then extends its point count in
-//! stages — reusing the sums so far, since the Halton sets are extensible — until its standard
+//! stages — reusing the sums so far, since both point sets are extensible (Sobol' stages stop
+//! at powers of two, where its prefixes are nets) — until its standard
 //! error is at most the tolerance or all `points` are used (what SciPy's and mvtnorm's `abseps`
 //! does). Easy queries (small or extreme probabilities, low dimension) stop early. In this
-//! mode bivariate queries are answered exactly (see [`super::bvn`]).
+//! mode bivariate and one-factor queries are answered exactly (see [`super::bvn`] and
+//! [`super::factor1`]).
 //!
 //! **Stage sizes.** The standard error of these randomised quasi-Monte Carlo sums falls like
 //! 1/n (measured on the realistic families: median slope −0.99 at d = 4, −0.97 at d = 8), so a
@@ -35,7 +37,6 @@
 
 use rayon::prelude::*;
 
-use super::MvnMethod;
 use super::cholesky::{Factor, factor};
 use super::constants::HostConstants;
 use super::error::MvnError;
@@ -43,6 +44,7 @@ use super::genz::{GenzPlan, GenzQuery, genz_sum, plan};
 use super::naive::naive_count;
 use super::normal::BLOCK;
 use super::query::{MvnEstimate, Prepared};
+use super::{MvnMethod, PointSet};
 use kiln_base::simd::Kernel;
 
 /// How the CPU path integrates.
@@ -56,6 +58,8 @@ pub(crate) struct CpuOptions {
     pub tolerance: Option<f64>,
     /// Adaptive mode: points per randomisation of the first stage.
     pub min_points: usize,
+    /// The point sets (Sobol' stages end at powers of two, where its nets are).
+    pub sequence: PointSet,
 }
 
 impl CpuOptions {
@@ -147,6 +151,7 @@ impl Running {
         &mut self,
         host: &HostConstants,
         tolerance: Option<f64>,
+        sequence: PointSet,
     ) -> Option<MvnEstimate> {
         self.done = self.end;
         let e = self.estimate(host);
@@ -169,15 +174,28 @@ impl Running {
         if e.se <= t && steady {
             return Some(e);
         }
-        self.end = next_stage(host, self.done, &e, t, steady);
+        self.end = match sequence {
+            PointSet::Halton => next_stage(host, self.done, &e, t, steady),
+            PointSet::Sobol => (self.done + 1).next_power_of_two().min(host.n_pad),
+        };
         self.history.push((self.done, e));
         None
     }
 }
 
 /// The end of the first stage.
-fn first_stage(host: &HostConstants, tolerance: Option<f64>, min_points: usize) -> usize {
+fn first_stage(
+    host: &HostConstants,
+    tolerance: Option<f64>,
+    min_points: usize,
+    sequence: PointSet,
+) -> usize {
     match tolerance {
+        Some(_) if sequence == PointSet::Sobol => {
+            // Powers of two, where the Sobol' sets are nets: half of min_points rounded up.
+            let full = min_points.max(2 * BLOCK).next_power_of_two();
+            (full / 2).min(host.n_pad)
+        }
         Some(_) => {
             // Half of the first stage, so that the guard has a reference at min_points.
             let full = (min_points.max(1).div_ceil(BLOCK) * BLOCK).min(host.n_pad);
@@ -234,7 +252,7 @@ pub(crate) fn estimate_all_counted(
         factors.len()
     ];
     let mut used = vec![0usize; factors.len()];
-    let first = first_stage(host, tolerance, opts.min_points);
+    let first = first_stage(host, tolerance, opts.min_points, opts.sequence);
 
     if factors.len() >= 4 * threads {
         // Many queries: one task per query, its stages run in turn.
@@ -249,7 +267,7 @@ pub(crate) fn estimate_all_counted(
                     for (r, s) in run.sums.iter_mut().enumerate() {
                         *s += work[q].sum(host, r, run.done, run.end);
                     }
-                    if let Some(e) = run.finish_stage(host, tolerance) {
+                    if let Some(e) = run.finish_stage(host, tolerance, opts.sequence) {
                         return (q, e, run.done.min(host.n));
                     }
                 }
@@ -297,14 +315,16 @@ pub(crate) fn estimate_all_counted(
         for (&(slot, r, _, _), s) in tasks.iter().zip(sums) {
             active[slot].sums[r] += s;
         }
-        active.retain_mut(|run| match run.finish_stage(host, tolerance) {
-            Some(e) => {
-                out[run.q] = e;
-                used[run.q] = run.done.min(host.n);
-                false
-            }
-            None => true,
-        });
+        active.retain_mut(
+            |run| match run.finish_stage(host, tolerance, opts.sequence) {
+                Some(e) => {
+                    out[run.q] = e;
+                    used[run.q] = run.done.min(host.n);
+                    false
+                }
+                None => true,
+            },
+        );
     }
     (out, used)
 }
@@ -344,26 +364,28 @@ mod tests {
     fn a_query_stops_when_its_error_is_met_and_the_guard_agrees() {
         let host = HostConstants::from_raw(&RawConstants::generate(4096, 2, 2, 7, false), false);
         let t = Some(2e-6);
-        let first = first_stage(&host, t, 256);
+        let first = first_stage(&host, t, 256, PointSet::Halton);
         assert_eq!(first, 128);
         // Two randomisations whose per-point means are 0.5 ± 1e−6: se = 1e−6 ≤ t, but the
         // first half has no reference yet, so it goes on to min_points (doubling).
         let mut run = Running::new(0, 2, first);
         run.sums = vec![0.5 * 128.0 + 1e-6 * 128.0, 0.5 * 128.0 - 1e-6 * 128.0];
-        assert!(run.finish_stage(&host, t).is_none());
+        assert!(run.finish_stage(&host, t, PointSet::Halton).is_none());
         assert_eq!(run.end, 256);
         // At min_points the estimate agrees with the half: stop.
         run.sums = vec![0.5 * 256.0 + 1e-6 * 256.0, 0.5 * 256.0 - 1e-6 * 256.0];
-        let e = run.finish_stage(&host, t).expect("converged");
+        let e = run
+            .finish_stage(&host, t, PointSet::Halton)
+            .expect("converged");
         assert!((e.p - 0.5).abs() < 1e-12 && (e.se - 1e-6).abs() < 1e-12);
         // The same small se after a jump of 20 se from the half's estimate: not trusted,
         // the points double.
         let mut run = Running::new(0, 2, first);
         run.sums = vec![0.5 * 128.0 + 1e-6 * 128.0, 0.5 * 128.0 - 1e-6 * 128.0];
-        assert!(run.finish_stage(&host, t).is_none());
+        assert!(run.finish_stage(&host, t, PointSet::Halton).is_none());
         let p = 0.5 + 2e-5;
         run.sums = vec![p * 256.0 + 1e-6 * 256.0, p * 256.0 - 1e-6 * 256.0];
-        assert!(run.finish_stage(&host, t).is_none());
+        assert!(run.finish_stage(&host, t, PointSet::Halton).is_none());
         assert_eq!(run.end, 512);
     }
 }

@@ -80,14 +80,22 @@ pub(crate) enum GenzPlan<'a> {
     Integrate(GenzQuery<'a>),
 }
 
-/// Decides how to answer a factorised query; with `exact_bivariate`, a query with two random
-/// pivots is answered exactly (see [`super::bvn`]).
-pub(crate) fn plan(f: &Factor, exact_bivariate: bool) -> GenzPlan<'_> {
+/// Decides how to answer a factorised query; with `exact` (the adaptive mode), a query with
+/// two random pivots (see [`super::bvn`]) or a one-factor covariance (see
+/// [`super::factor1`]) is answered exactly.
+pub(crate) fn plan(f: &Factor, exact: bool) -> GenzPlan<'_> {
     let d = f.d;
     if f.random == 0 {
         // X is the (zero) mean: inside iff a ≤ 0 ≤ b everywhere.
         let inside = (0..d).all(|i| f.a[i] <= 0.0 && 0.0 <= f.b[i]);
         return GenzPlan::Exact(if inside { 1.0 } else { 0.0 });
+    }
+    if exact
+        && let Some((one, a, b)) = &f.one_factor
+        && let Some((p, _)) = one.probability(a, b)
+    {
+        // A one-factor covariance: a one-dimensional integral, exact to rounding.
+        return GenzPlan::Exact(p.clamp(0.0, 1.0));
     }
     let inv_diag: Vec<f64> = (0..f.random).map(|i| 1.0 / f.l[i * d + i]).collect();
     let xa = f.a[0] * inv_diag[0];
@@ -103,7 +111,7 @@ pub(crate) fn plan(f: &Factor, exact_bivariate: bool) -> GenzPlan<'_> {
     if int_dim == 0 {
         return GenzPlan::Exact(wid0.min(1.0));
     }
-    if exact_bivariate && d == 2 && f.random == 2 {
+    if exact && d == 2 && f.random == 2 {
         // X = L Y: standard deviations L00 and |row 1|, correlation L10/|row 1|.
         let s1 = f.l[2].hypot(f.l[3]);
         let r = f.l[2] / s1;

@@ -58,6 +58,41 @@ impl std::str::FromStr for MvnMethod {
     }
 }
 
+/// The low-discrepancy point sets the estimator integrates over.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum PointSet {
+    /// Scrambled Halton sets (the default): every coordinate its own prime base.
+    Halton,
+    /// Scrambled Sobol' sets (base 2 in every coordinate, see [`crate::sobol`]): nets at
+    /// powers of two, so smooth integrands' errors fall faster than 1/n there; the adaptive
+    /// mode grows their points in powers of two.
+    Sobol,
+}
+
+impl PointSet {
+    /// The lowercase name (`halton`, `sobol`), as the CLI and JSON use it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PointSet::Halton => "halton",
+            PointSet::Sobol => "sobol",
+        }
+    }
+}
+
+impl std::str::FromStr for PointSet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "halton" => Ok(PointSet::Halton),
+            "sobol" => Ok(PointSet::Sobol),
+            other => Err(format!(
+                "unknown point set `{other}`; expected `halton` or `sobol`"
+            )),
+        }
+    }
+}
+
 /// Configuration of a [`HaltonMvnCdf`]; [`HaltonMvnCdfConfig::init`] builds the module.
 #[derive(Config, Debug)]
 pub struct HaltonMvnCdfConfig {
@@ -89,6 +124,9 @@ pub struct HaltonMvnCdfConfig {
     /// of 64).
     #[config(default = 256)]
     pub min_points: usize,
+    /// The point sets: scrambled Halton (the default) or scrambled Sobol'.
+    #[config(default = "PointSet::Halton")]
+    pub sequence: PointSet,
 }
 
 /// Largest accepted number of points per randomisation.
@@ -144,7 +182,8 @@ impl HaltonMvnCdfConfig {
     /// (naive method) tabulates their normal quantiles.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<HaltonMvnCdf<B>, MvnError> {
         self.validate()?;
-        let raw = RawConstants::generate(
+        let raw = RawConstants::generate_set(
+            self.sequence,
             self.points,
             self.max_dim,
             self.randomizations,
@@ -159,6 +198,7 @@ impl HaltonMvnCdfConfig {
             seed: self.seed,
             tolerance: self.tolerance,
             min_points: self.min_points,
+            sequence: self.sequence,
             host: Arc::new(RwLock::new(Some(Arc::new(host)))),
         })
     }
@@ -242,6 +282,7 @@ pub struct HaltonMvnCdf<B: Backend> {
     seed: u64,
     tolerance: Option<f64>,
     min_points: usize,
+    sequence: PointSet,
     host: Arc<RwLock<Option<Arc<HostConstants>>>>,
 }
 
@@ -253,6 +294,7 @@ impl<B: Backend> Clone for HaltonMvnCdf<B> {
             seed: self.seed,
             tolerance: self.tolerance,
             min_points: self.min_points,
+            sequence: self.sequence,
             host: self.host.clone(),
         }
     }
@@ -340,6 +382,12 @@ impl<B: Backend> HaltonMvnCdf<B> {
             .with_method(self.method)
             .with_tolerance(self.tolerance)
             .with_min_points(self.min_points)
+            .with_sequence(self.sequence)
+    }
+
+    /// The point sets the module was built with (a loaded record brings its own points).
+    pub fn sequence(&self) -> PointSet {
+        self.sequence
     }
 
     /// The constants, for inspection.
@@ -389,6 +437,7 @@ impl<B: Backend> HaltonMvnCdf<B> {
             seed: self.seed,
             tolerance: self.tolerance,
             min_points: self.min_points,
+            sequence: self.sequence,
             host: Arc::new(RwLock::new(None)),
         };
         let _ = module.host();
@@ -402,6 +451,7 @@ impl<B: Backend> HaltonMvnCdf<B> {
             method: self.method,
             tolerance: self.tolerance,
             min_points: self.min_points,
+            sequence: self.sequence,
         }
     }
 
@@ -419,7 +469,7 @@ impl<B: Backend> HaltonMvnCdf<B> {
     /// The CPU path with the points per randomisation each query used (adaptive mode stops
     /// early; exact answers count 0), on the vector path `isa` (`None`: the best this CPU
     /// has): for the benchmarks.
-    pub(crate) fn forward_counted(
+    pub fn forward_counted(
         &self,
         queries: &[MvnQuery],
         isa: Option<Isa>,
@@ -503,6 +553,7 @@ impl<B: AutodiffBackend> AutodiffModule<B> for HaltonMvnCdf<B> {
             seed: self.seed,
             tolerance: self.tolerance,
             min_points: self.min_points,
+            sequence: self.sequence,
             host: self.host.clone(),
         }
     }
@@ -514,6 +565,7 @@ impl<B: AutodiffBackend> AutodiffModule<B> for HaltonMvnCdf<B> {
             seed: module.seed,
             tolerance: module.tolerance,
             min_points: module.min_points,
+            sequence: module.sequence,
             host: module.host,
         }
     }

@@ -309,8 +309,11 @@ struct Slot {
     time: usize,
     shape: Vec<usize>,
     /// Its state as Burn's record ([`slot_record`] for the parameter's rank).
-    record: fn(&Slot, &[f32], &[f32]) -> AdaptorRecord<KilnAdamW, Ad>,
+    record: SlotRecord,
 }
+
+/// Builds a slot's record from the moment buffers.
+type SlotRecord = fn(&Slot, &[f32], &[f32]) -> AdaptorRecord<KilnAdamW, Ad>;
 
 /// A slot's moments as the record Burn's `OptimizerAdaptor` keeps for a rank-`D` parameter.
 fn slot_record<const D: usize>(slot: &Slot, m: &[f32], v: &[f32]) -> AdaptorRecord<KilnAdamW, Ad> {
@@ -422,43 +425,41 @@ impl<M, B: AutodiffBackend> StageAdamW<M, B> {
         Some(self.slots.len() - 1)
     }
 
-    /// One step of an f32 parameter on `Autodiff<Flex>` in the flat buffers; `Err` hands the
-    /// parameter and gradient back for Burn's records.
-    #[allow(clippy::type_complexity)]
-    fn flat_step<const D: usize>(
+    /// The slot of an f32 parameter of `shape` on `Autodiff<Flex>`, made on its first step;
+    /// `None` when its state is not one the flat path keeps (Burn's records take it).
+    fn flat_slot<const D: usize>(
+        &mut self,
+        id: ParamId,
+        shape: Vec<usize>,
+        hint: usize,
+    ) -> Option<usize> {
+        match self.find(id, hint) {
+            Some(i) => (self.slots[i].shape == shape).then_some(i),
+            None => self.add_slot::<D>(id, shape),
+        }
+    }
+
+    /// One step of the parameter in `slot` in the flat buffers.
+    fn flat_update<const D: usize>(
         &mut self,
         lr: LearningRate,
-        id: ParamId,
+        slot: usize,
         tensor: Tensor<Ad, D>,
         grad: Tensor<Flex, D>,
-        hint: usize,
-    ) -> Result<Tensor<Ad, D>, (Tensor<Ad, D>, Tensor<Flex, D>)> {
-        if [tensor.dtype(), grad.dtype()] != [DType::F32; 2] {
-            return Err((tensor, grad));
-        }
-        let shape = tensor.dims().to_vec();
-        let len = s_len(&shape);
-        let slot = match self.find(id, hint) {
-            Some(i) if self.slots[i].shape == shape => i,
-            Some(_) => return Err((tensor, grad)),
-            None => match self.add_slot::<D>(id, shape) {
-                Some(i) => i,
-                None => return Err((tensor, grad)),
-            },
-        };
+    ) -> Tensor<Ad, D> {
         // The parameter keeps its autodiff leaf (node and reference count): only its buffer
         // changes. Burn's adaptor makes a new leaf per parameter and step (`from_inner`, then
         // `require_grad`, which registers a root step with the graph), as if the parameter
         // were new; a leaf that outlives a backward pass is what gradient accumulation uses
         // too. The buffer is the module's alone here (the optimizer owns the module), so the
         // update is in place.
+        let s = &mut self.slots[slot];
         let mut leaf = tensor.into_primitive().tensor();
-        if leaf.primitive.as_slice::<f32>().map(<[f32]>::len) != Some(len) {
+        if leaf.primitive.as_slice::<f32>().map(<[f32]>::len) != Some(s.len) {
             leaf.primitive = leaf.primitive.to_contiguous();
         }
         let g: FlexTensor = grad.into_primitive().tensor();
         let g = host(&g);
-        let s = &mut self.slots[slot];
         s.time += 1;
         let range = s.start..s.start + s.len;
         self.optim.update_host(
@@ -469,12 +470,8 @@ impl<M, B: AutodiffBackend> StageAdamW<M, B> {
             leaf.primitive.storage_mut::<f32>(),
             &g,
         );
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(leaf)))
+        Tensor::from_primitive(TensorPrimitive::Float(leaf))
     }
-}
-
-fn s_len(shape: &[usize]) -> usize {
-    shape.iter().product()
 }
 
 /// A contiguous f32 view of a gradient (copies only a strided one).
@@ -505,22 +502,22 @@ impl<M, B: AutodiffBackend> ModuleMapper<B> for StepMapper<'_, M, B> {
         let Some(grad) = self.grads.remove::<B::InnerBackend, D>(id) else {
             return Param::from_mapped_value(id, tensor, mapper);
         };
-        let (tensor, grad) = match (cast::<_, Tensor<Ad, D>>(tensor), cast(grad)) {
-            (Ok(t), Ok(g)) => match self.optim.flat_step(self.lr, id, t, g, self.next_slot) {
-                Ok(t) => {
-                    self.next_slot += 1;
-                    let t = cast(t).map_err(|_| ()).expect("B is Ad");
-                    return Param::from_mapped_value(id, t, mapper);
-                }
-                Err((t, g)) => (
-                    cast(t).map_err(|_| ()).expect("B is Ad"),
-                    cast(g).map_err(|_| ()).expect("B is Ad"),
-                ),
-            },
-            (Ok(t), Err(g)) => (cast(t).map_err(|_| ()).expect("B is Ad"), g),
-            (Err(t), Ok(g)) => (t, cast(g).map_err(|_| ()).expect("same type back")),
-            (Err(t), Err(g)) => (t, g),
+        let flat = TypeId::of::<B>() == TypeId::of::<Ad>()
+            && [tensor.dtype(), grad.dtype()] == [DType::F32; 2];
+        let slot = if flat {
+            self.optim
+                .flat_slot::<D>(id, tensor.dims().to_vec(), self.next_slot)
+        } else {
+            None
         };
+        if let Some(slot) = slot {
+            let same = "B is Ad";
+            let t: Tensor<Ad, D> = cast(tensor).map_err(|_| ()).expect(same);
+            let g: Tensor<Flex, D> = cast(grad).map_err(|_| ()).expect(same);
+            let t = self.optim.flat_update(self.lr, slot, t, g);
+            self.next_slot = slot + 1;
+            return Param::from_mapped_value(id, cast(t).map_err(|_| ()).expect(same), mapper);
+        }
         // Burn's `OptimizerAdaptor`, parameter by parameter (one device: kiln's).
         let require_grad = tensor.is_require_grad();
         let state = self.optim.records.remove(&id).map(|r| r.into_state::<D>());
@@ -713,6 +710,30 @@ mod tests {
             let a = ours.step(1e-3, a, ga);
             let b = resumed.step(1e-3, b, gb);
             assert_eq!(bits(a.weight.val()), bits(b.weight.val()));
+            // And ours resumes from Burn's: the loaded states move into the flat buffers at
+            // the next step, and two more steps stay bit-identical.
+            let bytes = Recorder::<Ad>::record(&rec, resumed.to_record(), ()).unwrap();
+            let mut ours_again = stage_optimizer::<Ad, Linear<Ad>>(&st)
+                .load_record(Recorder::<Ad>::load(&rec, bytes, &d).unwrap());
+            let (mut a, mut b) = (a, b);
+            for _ in 0..2 {
+                let x = Tensor::<Ad, 2>::random([4, 7], Distribution::Default, &d);
+                let ga = GradientsParams::from_grads(a.forward(x.clone()).sum().backward(), &a);
+                let gb = GradientsParams::from_grads(b.forward(x).sum().backward(), &b);
+                a = ours_again.step(2e-3, a, ga);
+                b = resumed.step(2e-3, b, gb);
+                assert_eq!(bits(a.weight.val()), bits(b.weight.val()), "wd {wd}");
+                assert_eq!(
+                    bits(a.bias.as_ref().unwrap().val()),
+                    bits(b.bias.as_ref().unwrap().val()),
+                    "wd {wd}"
+                );
+            }
+            assert_eq!(
+                ours_again.slots.len(),
+                2,
+                "both parameters on the flat path"
+            );
         }
     }
 
