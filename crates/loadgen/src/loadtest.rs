@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -506,18 +507,15 @@ enum Target {
     },
     Grpc {
         uri: String,
-        request: Arc<pb::ModelInferRequest>,
+        /// The encoded `ModelInferRequest` with its 5-byte gRPC prefix.
+        message: Bytes,
     },
 }
 
 /// One connection's sending side.
 enum Sender {
     Http(HttpClient, Arc<String>, Arc<Vec<u8>>, Option<String>),
-    Grpc(
-        GrpcInferenceServiceClient<tonic::transport::Channel>,
-        Arc<pb::ModelInferRequest>,
-        Duration,
-    ),
+    Grpc(GrpcCaller),
 }
 
 impl Sender {
@@ -536,16 +534,158 @@ impl Sender {
                     Err(_) => Err("io".into()),
                 }
             }
-            Sender::Grpc(c, req, timeout) => {
-                let mut r = tonic::Request::new((**req).clone());
-                r.set_timeout(*timeout);
-                match c.model_infer(r).await {
-                    Ok(_) => Ok(()),
-                    Err(s) => Err(format!("grpc_{:?}", s.code())),
-                }
-            }
+            Sender::Grpc(c) => c.call().await,
         }
     }
+}
+
+/// The gRPC path of the request the load loop sends: a unary `ModelInfer` on one HTTP/2
+/// connection driven by `h2` directly (no tower stack, no per-call message encoding).
+///
+/// The message is encoded once, with its 5-byte gRPC prefix, when the run is prepared; each
+/// call sends one HEADERS frame (`content-type: application/grpc`, `te: trailers`,
+/// `grpc-timeout`) and one DATA frame holding that buffer (a reference-counted clone), in one
+/// write (the socket is corked: [`kiln_serve::corked`]), reads the answer's DATA frames and its
+/// trailers, and checks `grpc-status` and the answer's framing. The HTTP side's client is
+/// equally lean (one prepared body, the status checked, the body read and not parsed), so the
+/// two protocols are compared on their transports, not on their client libraries: through
+/// tonic's client (tower buffer, a request clone and encode per call) the load generator spent
+/// about twice its HTTP client's CPU per call, as much as the server (2-core VM,
+/// `benches/README.md`).
+struct GrpcCaller {
+    send: h2::client::SendRequest<Bytes>,
+    uri: hyper::Uri,
+    body: Bytes,
+    timeout: Duration,
+    grpc_timeout: hyper::header::HeaderValue,
+}
+
+/// The gRPC status code's name as the report keys errors (`grpc_Unavailable`, ...).
+fn grpc_error_key(status: &[u8]) -> String {
+    let code = std::str::from_utf8(status)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .map(tonic::Code::from_i32)
+        .unwrap_or(tonic::Code::Unknown);
+    format!("grpc_{code:?}")
+}
+
+impl GrpcCaller {
+    async fn connect(uri: &str, body: Bytes, timeout: Duration) -> Result<Self, LoadtestError> {
+        let fail = |m: String| LoadtestError::Grpc {
+            url: uri.to_string(),
+            message: m,
+        };
+        let base = BaseUrl::parse(uri)?;
+        let tcp = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::net::TcpStream::connect(base.addr),
+        )
+        .await
+        .map_err(|_| fail("cannot connect: timed out after 10 s".into()))?
+        .map_err(|e| fail(format!("cannot connect: {e}")))?;
+        tcp.set_nodelay(true)
+            .map_err(|e| fail(format!("cannot set TCP_NODELAY: {e}")))?;
+        // Corked (as the server's connections): a call's HEADERS and DATA frames leave in one
+        // write, not two.
+        let (io, out) = kiln_serve::corked::cork(tcp);
+        let (send, conn) = h2::client::Builder::new()
+            .initial_window_size(1 << 20)
+            .initial_connection_window_size(1 << 24)
+            .handshake::<_, Bytes>(io)
+            .await
+            .map_err(|e| fail(format!("HTTP/2 handshake failed: {e}")))?;
+        tokio::spawn(async move {
+            let _ = kiln_serve::corked::Corked::new(conn, out).await;
+        });
+        let path = format!(
+            "http://{}/inference.GRPCInferenceService/ModelInfer",
+            base.addr
+        );
+        let uri = path
+            .parse()
+            .map_err(|e| fail(format!("bad URI {path}: {e}")))?;
+        // grpc-timeout: at most 8 digits and a unit; milliseconds cover every sane timeout.
+        let ms = timeout.as_millis().clamp(1, 99_999_999);
+        let grpc_timeout = hyper::header::HeaderValue::from_str(&format!("{ms}m"))
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(Self {
+            send,
+            uri,
+            body,
+            timeout,
+            grpc_timeout,
+        })
+    }
+
+    /// One call; `Err` is the report's error key (`io`, `http_<status>`, `grpc_<code>`).
+    async fn call(&mut self) -> Result<(), String> {
+        match tokio::time::timeout(self.timeout, self.exchange()).await {
+            Ok(r) => r,
+            Err(_) => Err("grpc_DeadlineExceeded".into()),
+        }
+    }
+
+    async fn exchange(&mut self) -> Result<(), String> {
+        use hyper::header::{CONTENT_TYPE, HeaderValue, TE};
+        let io = |_| "io".to_string();
+        let mut req = hyper::Request::new(());
+        *req.method_mut() = hyper::Method::POST;
+        *req.uri_mut() = self.uri.clone();
+        let h = req.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert(TE, HeaderValue::from_static("trailers"));
+        h.insert("grpc-timeout", self.grpc_timeout.clone());
+        let mut send = self.send.clone().ready().await.map_err(io)?;
+        let (resp, mut stream) = send.send_request(req, false).map_err(io)?;
+        stream.send_data(self.body.clone(), true).map_err(io)?;
+        let resp = resp.await.map_err(io)?;
+        if resp.status() != hyper::StatusCode::OK {
+            return Err(format!("http_{}", resp.status().as_u16()));
+        }
+        // A trailers-only answer (an error) carries its status in the headers.
+        if let Some(s) = resp.headers().get("grpc-status") {
+            return if s.as_bytes() == b"0" {
+                Err("grpc_no_message".into())
+            } else {
+                Err(grpc_error_key(s.as_bytes()))
+            };
+        }
+        let mut body = resp.into_body();
+        let (mut prefix, mut got) = ([0u8; 5], 0usize);
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.map_err(io)?;
+            let _ = body.flow_control().release_capacity(chunk.len());
+            for (i, &b) in chunk.iter().enumerate().take(5usize.saturating_sub(got)) {
+                prefix[got + i] = b;
+            }
+            got += chunk.len();
+        }
+        let trailers = body.trailers().await.map_err(io)?;
+        match trailers.as_ref().and_then(|t| t.get("grpc-status")) {
+            Some(s) if s.as_bytes() == b"0" => {}
+            Some(s) => return Err(grpc_error_key(s.as_bytes())),
+            None => return Err("grpc_no_status".into()),
+        }
+        // One uncompressed message filling the body.
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        if got >= 5 && prefix[0] == 0 && 5 + len == got {
+            Ok(())
+        } else {
+            Err("grpc_bad_framing".into())
+        }
+    }
+}
+
+/// A gRPC message on the wire: the uncompressed flag, the big-endian length, the protobuf.
+fn grpc_message(m: &pb::ModelInferRequest) -> Bytes {
+    use prost::Message;
+    let n = m.encoded_len();
+    let mut out = Vec::with_capacity(5 + n);
+    out.push(0);
+    out.extend_from_slice(&(n as u32).to_be_bytes());
+    m.encode(&mut out).expect("a Vec grows as needed");
+    Bytes::from(out)
 }
 
 async fn grpc_connect(
@@ -582,8 +722,8 @@ impl Target {
                 body.clone(),
                 hlen.clone(),
             ),
-            Target::Grpc { uri, request } => {
-                Sender::Grpc(grpc_connect(uri).await?, request.clone(), timeout)
+            Target::Grpc { uri, message } => {
+                Sender::Grpc(GrpcCaller::connect(uri, message.clone(), timeout).await?)
             }
         })
     }
@@ -812,7 +952,7 @@ async fn prepare_grpc(
     let request = grpc_request(model, &meta, &config, batch, binary)?;
     Ok(Target::Grpc {
         uri,
-        request: Arc::new(request),
+        message: grpc_message(&request),
     })
 }
 
@@ -1445,6 +1585,24 @@ pub fn perf_summary(r: &PerfReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_messages_are_framed_and_statuses_keyed_by_name() {
+        use prost::Message;
+        let req = pb::ModelInferRequest {
+            model_name: "tiny".into(),
+            raw_input_contents: vec![vec![1u8, 2, 3, 4].into()],
+            ..Default::default()
+        };
+        let m = grpc_message(&req);
+        assert_eq!(m[0], 0, "uncompressed");
+        let n = u32::from_be_bytes([m[1], m[2], m[3], m[4]]) as usize;
+        assert_eq!(n, m.len() - 5);
+        assert_eq!(pb::ModelInferRequest::decode(&m[5..]).unwrap(), req);
+        assert_eq!(grpc_error_key(b"5"), "grpc_NotFound");
+        assert_eq!(grpc_error_key(b"14"), "grpc_Unavailable");
+        assert_eq!(grpc_error_key(b"x"), "grpc_Unknown");
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {

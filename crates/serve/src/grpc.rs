@@ -22,6 +22,11 @@
 //!
 //! `ModelStreamInfer` (Triton's bidirectional stream) runs each request of a stream through the
 //! same path and answers it, or its error, as one stream message carrying the request's id.
+//!
+//! Connections are served by hyper's HTTP/2 server on one thread per core, each connection on
+//! one thread, and corked ([`super::corked`]): the frames one poll of a connection produces —
+//! an answer's headers, data and trailers, and the answers of every stream ready by then —
+//! leave in one write.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -42,6 +47,7 @@ use tonic::{Request, Response, Status};
 
 use super::ServeError;
 use super::conn::{ConnectionConfig, is_connection_error};
+use super::corked::{Corked, CorkedStream, cork};
 use super::protocol::request::input_header;
 use super::protocol::{
     Datatype, InferRequest, InputTensor, JsonData, OutputData, OutputTensor, RequestedOutput,
@@ -283,24 +289,26 @@ async fn conn_thread(
             local_addr: stream.local_addr().ok(),
             remote_addr: stream.peer_addr().ok(),
         });
+        let (io, out) = cork(stream);
         let guarded = Guarded {
-            stream,
+            io,
             _slot: slot,
             preface: Some(Box::pin(tokio::time::sleep(header_timeout))),
             seen: 0,
         };
         let conn = http.serve_connection(TokioIo::new(guarded), TowerToHyperService::new(svc));
+        let conn = Corked::new(conn, out);
         let mut stop = stop.clone();
         let (done, open) = (done_tx.clone(), open.clone());
         tokio::spawn(async move {
-            tokio::pin!(conn);
+            let mut conn = conn;
             let stopping = async move {
                 let _ = stop.wait_for(|v| *v).await;
             };
             let r = tokio::select! {
-                r = conn.as_mut() => r,
+                r = &mut conn => r,
                 () = stopping => {
-                    conn.as_mut().graceful_shutdown();
+                    conn.conn().graceful_shutdown();
                     conn.await
                 }
             };
@@ -458,9 +466,12 @@ fn grpc_timeout(h: &tonic::codegen::http::HeaderMap) -> Result<Option<Duration>,
 const PREFACE_LEN: usize = 24;
 
 /// An accepted gRPC connection: holds one of the listener's slots until it closes, and fails
-/// its reads once the header timeout has passed without the client's connection preface.
+/// its reads once the header timeout has passed without the client's connection preface. Its
+/// writes go through a [`CorkedStream`]: the frames one poll of the connection produces (all the
+/// answers ready by then, on every stream, each with its headers, data and trailers) leave in
+/// one write when the poll ends ([`Corked`]).
 struct Guarded {
-    stream: TcpStream,
+    io: CorkedStream,
     _slot: OwnedSemaphorePermit,
     /// Until the preface has been read: when the client's time is up.
     preface: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -483,7 +494,7 @@ impl AsyncRead for Guarded {
             )));
         }
         let before = buf.filled().len();
-        let r = Pin::new(&mut me.stream).poll_read(cx, buf);
+        let r = Pin::new(&mut me.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
             me.seen += buf.filled().len() - before;
             if me.seen >= PREFACE_LEN {
@@ -500,7 +511,7 @@ impl AsyncWrite for Guarded {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -508,19 +519,19 @@ impl AsyncWrite for Guarded {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 

@@ -45,6 +45,7 @@ use kiln_core::{artifact, backend, infer, observe, predict};
 
 pub mod batcher;
 pub mod conn;
+pub mod corked;
 pub mod grpc;
 pub mod http;
 pub mod live_profile;

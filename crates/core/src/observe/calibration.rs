@@ -88,16 +88,21 @@ pub fn write_figures(
     split: &str,
     targets: &[TargetCalibration],
 ) -> std::io::Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
     #[cfg(feature = "plots")]
-    for t in targets {
-        let (svg, png) = figure(split, t).save(&dir.join(file_stem(&t.target)))?;
-        out.push(svg);
-        out.push(png);
+    {
+        let mut out = Vec::new();
+        for t in targets {
+            let (svg, png) = figure(split, t).save(&dir.join(file_stem(&t.target)))?;
+            out.push(svg);
+            out.push(png);
+        }
+        Ok(out)
     }
     #[cfg(not(feature = "plots"))]
-    let _ = (dir, split, targets);
-    Ok(out)
+    {
+        let _ = (dir, split, targets);
+        Ok(Vec::new())
+    }
 }
 
 #[cfg(test)]
