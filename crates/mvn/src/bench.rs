@@ -201,7 +201,7 @@ pub fn run_setting<B: Backend>(
     // Setup share: validation + factorisation alone (after the warm-up call), timed apart.
     let t0 = Instant::now();
     let prepared = super::query::prepare_queries(&queries, model.max_dim())?;
-    let _ = super::cpu::factor_all(&prepared)?;
+    let _ = super::cpu::factor_all(&prepared, &model.cpu_options())?;
     let setup = t0.elapsed();
 
     let start = Instant::now();

@@ -45,7 +45,8 @@ pub(crate) struct Factor {
     /// Pivots `0..random` have L[i][i] > 0; pivots `random..d` are deterministic.
     pub random: usize,
     /// The covariance's one-factor structure, with the centred limits in the original
-    /// coordinates, when it has one (see [`crate::factor1`]).
+    /// coordinates, when it has one and was asked for (see [`crate::factor1`]; set by
+    /// `cpu::factor_all` in the adaptive mode only).
     pub one_factor: Option<(OneFactor, Vec<f64>, Vec<f64>)>,
 }
 
@@ -206,7 +207,7 @@ pub(crate) fn factor(query: usize, p: &Prepared) -> Result<Factor, MvnError> {
         b,
         order,
         random,
-        one_factor: OneFactor::detect(&p.cov, d).map(|f| (f, p.a.clone(), p.b.clone())),
+        one_factor: None,
     })
 }
 

@@ -40,6 +40,7 @@ use rayon::prelude::*;
 use super::cholesky::{Factor, factor};
 use super::constants::HostConstants;
 use super::error::MvnError;
+use super::factor1::OneFactor;
 use super::genz::{GenzPlan, GenzQuery, genz_sum, plan};
 use super::naive::naive_count;
 use super::normal::BLOCK;
@@ -69,6 +70,12 @@ impl CpuOptions {
             MvnMethod::Naive => None,
         }
     }
+
+    /// Whether structured queries (bivariate, one-factor) get exact answers: in the adaptive
+    /// mode only, so that a fixed-mode answer never depends on what was detected.
+    pub fn exact_answers(&self) -> bool {
+        self.adaptive().is_some()
+    }
 }
 
 /// Combines per-randomisation estimates into p and its standard error.
@@ -87,12 +94,24 @@ pub(crate) fn combine(estimates: &[f64]) -> MvnEstimate {
     }
 }
 
-/// Factorises every query (in parallel), failing with the first error in input order.
-pub(crate) fn factor_all(prepared: &[Prepared]) -> Result<Vec<Factor>, MvnError> {
+/// Factorises every query (in parallel), failing with the first error in input order; with
+/// `opts.exact_answers()`, also detects each covariance's one-factor structure.
+pub(crate) fn factor_all(
+    prepared: &[Prepared],
+    opts: &CpuOptions,
+) -> Result<Vec<Factor>, MvnError> {
+    let one_factor = opts.exact_answers();
     prepared
         .par_iter()
         .enumerate()
-        .map(|(q, p)| factor(q, p))
+        .map(|(q, p)| {
+            let mut f = factor(q, p)?;
+            if one_factor {
+                f.one_factor =
+                    OneFactor::detect(&p.cov, p.d).map(|o| (o, p.a.clone(), p.b.clone()));
+            }
+            Ok(f)
+        })
         .collect()
 }
 
@@ -235,7 +254,7 @@ pub(crate) fn estimate_all_counted(
     let work: Vec<Work<'_>> = factors
         .iter()
         .map(|f| match opts.method {
-            MvnMethod::Genz => match plan(f, tolerance.is_some()) {
+            MvnMethod::Genz => match plan(f, opts.exact_answers()) {
                 GenzPlan::Exact(p) => Work::Exact(p),
                 GenzPlan::Integrate(g) => Work::Genz(g, opts.kernel),
             },

@@ -491,15 +491,16 @@ impl<B: Backend> HaltonMvnCdf<B> {
         }
         let prepared = prepare_queries(queries, self.max_dim())?;
         let host = self.host()?;
-        let factors = factor_all(&prepared)?;
+        let factors = factor_all(&prepared, &opts)?;
         Ok(estimate_all_counted(&factors, &host, &opts))
     }
 
     /// The CPU path on validated queries.
     fn run_cpu(&self, prepared: Vec<Prepared>) -> Result<Vec<MvnEstimate>, MvnError> {
         let host = self.host()?;
-        let factors = factor_all(&prepared)?;
-        Ok(estimate_all(&factors, &host, &self.cpu_options()))
+        let opts = self.cpu_options();
+        let factors = factor_all(&prepared, &opts)?;
+        Ok(estimate_all(&factors, &host, &opts))
     }
 }
 

@@ -118,10 +118,12 @@ impl Outbox {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        if self.lock().buf.len() >= OUTBOX_HIGH_WATER {
-            ready!(self.poll_drain(cx))?;
-        }
         let mut o = self.lock();
+        if o.buf.len() >= OUTBOX_HIGH_WATER {
+            drop(o);
+            ready!(self.poll_drain(cx))?;
+            o = self.lock();
+        }
         if let Some(e) = o.error() {
             return Poll::Ready(Err(e));
         }

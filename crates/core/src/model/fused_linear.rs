@@ -75,7 +75,7 @@ pub fn linear_act<B: Backend>(
 }
 
 /// A contiguous f32 view (copies only a strided tensor).
-fn host(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+pub(crate) fn host(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     match t.as_slice::<f32>() {
         Some(s) => std::borrow::Cow::Borrowed(s),
         None => std::borrow::Cow::Owned(

@@ -36,7 +36,7 @@ use hashbrown::HashMap;
 use kiln_base::simd::Kernel;
 
 use crate::config::StageConfig;
-use crate::model::fused_linear::cast;
+use crate::model::fused_linear::{cast, host};
 
 /// AdamW (decoupled weight decay, no AMSGrad) with a host fast path on `Flex`.
 #[derive(Clone)]
@@ -471,19 +471,6 @@ impl<M, B: AutodiffBackend> StageAdamW<M, B> {
             &g,
         );
         Tensor::from_primitive(TensorPrimitive::Float(leaf))
-    }
-}
-
-/// A contiguous f32 view of a gradient (copies only a strided one).
-fn host(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
-    match t.as_slice::<f32>() {
-        Some(s) => std::borrow::Cow::Borrowed(s),
-        None => std::borrow::Cow::Owned(
-            t.to_contiguous()
-                .as_slice::<f32>()
-                .expect("contiguous f32")
-                .to_vec(),
-        ),
     }
 }
 

@@ -33,10 +33,9 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorms<'_, B> {
                 }
                 Ok(g) => {
                     let p: FlexTensor = g.into_primitive().tensor();
-                    let sum = |s: &[f32]| sum_squares(s);
                     self.host += match p.as_slice::<f32>() {
-                        Some(s) => sum(s),
-                        None => sum(p.to_contiguous().as_slice::<f32>().expect("f32")),
+                        Some(s) => sum_squares(s),
+                        None => sum_squares(p.to_contiguous().as_slice::<f32>().expect("f32")),
                     };
                 }
                 Err(g) => self.parts.push(g.square().sum()),
