@@ -91,22 +91,22 @@ fn print_summary(s: &RunSummary, quiet: bool) {
     if let Some(pe) = o
         .manifest
         .as_ref()
-        .map(|m| &m.metrics["pick_evaluation"])
-        .filter(|v| v.is_object())
+        .and_then(|m| m.metrics.pick_evaluation.as_ref())
     {
-        for k in pe["kinds"].as_array().into_iter().flatten() {
-            let ind = k["independence"]["brier"]
-                .as_f64()
-                .map(|b| format!(", independence {b:.5}"))
+        for k in &pe.kinds {
+            let ind = k
+                .independence
+                .as_ref()
+                .map(|i| format!(", independence {:.5}", i.brier))
                 .unwrap_or_default();
             eprintln!(
                 "picks vs test outcomes, {} ({}): Brier {:.5} (constant {:.5}{ind}), log loss {:.5} (constant {:.5})",
-                k["kind"].as_str().unwrap_or("?"),
-                k["model"]["n"],
-                k["model"]["brier"].as_f64().unwrap_or(f64::NAN),
-                k["constant"]["brier"].as_f64().unwrap_or(f64::NAN),
-                k["model"]["log_loss"].as_f64().unwrap_or(f64::NAN),
-                k["constant"]["log_loss"].as_f64().unwrap_or(f64::NAN),
+                k.kind,
+                k.model.n,
+                k.model.brier,
+                k.constant.brier,
+                k.model.log_loss,
+                k.constant.log_loss,
             );
         }
     }

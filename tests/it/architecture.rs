@@ -2,12 +2,14 @@
 //!
 //! 1. **Between crates**: Cargo refuses a dependency cycle, but not a dependency that points
 //!    sideways or up (`kiln-track` taking `kiln-serve`, say). [`CRATE_LEVEL`] gives each member
-//!    crate its level; a crate may depend only on member crates of a lower level.
-//! 2. **Inside `kiln-core`** (one crate, so Cargo sees nothing): no import cycle among its
-//!    files (a parent module declaring or re-exporting its children is not an import; a child
-//!    reaching up to its parent or siblings is), no top-level module importing a module of a
-//!    higher level, and `observe` importing only leaves and `config` (see the table in
-//!    `crates/core/src/lib.rs`).
+//!    crate its level; a crate may depend only on member crates of a lower level, and the
+//!    serving crates never on the trainer (`kiln-core`).
+//! 2. **Inside the layered crates** (`kiln-core`, `kiln-model`: one crate each, so Cargo sees
+//!    nothing): no import cycle among their files (a parent module declaring or re-exporting
+//!    its children is not an import; a child reaching up to its parent or siblings is), and no
+//!    top-level module importing a module of a higher level (see the tables in each crate's
+//!    `lib.rs`).
+//! 3. **Inside every other member crate**: no import cycle among its files.
 //!
 //! A small parser of `crate::`, `super::` and `self::` paths rather than an external tool:
 //! `cargo-modules` would add a rust-analyzer-sized build to every CI run for the same answer.
@@ -15,38 +17,58 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Level of each top-level module; a module may import modules of its own level or lower.
-fn level(top: &str) -> Option<u8> {
+/// A layered crate's level of a top-level module.
+type Level = fn(&str) -> Option<u8>;
+
+/// Level of each top-level module of `kiln-core`; a module may import modules of its own
+/// level or lower. The model side (`artifact`, `backend`, `infer`, `model`) and `observe` are
+/// other crates, re-exported: Cargo keeps them below.
+fn core_level(top: &str) -> Option<u8> {
     Some(match top {
-        "util" | "rng" | "records" | "simd" => 0, // util, rng, simd: kiln-base, re-exported
-        "config" | "backend" => 1,
-        "data" | "model" | "doctor" => 2, // model::mvn: kiln-mvn, re-exported
-        "train" | "artifact" => 3,
-        "infer" | "predict" | "bench" | "pick" | "export" | "import" => 4,
+        "records" => 0,
+        "config" => 1,
+        "data" | "doctor" => 2,
+        "train" => 3,
+        "predict" | "bench" | "pick" | "export" | "import" => 4,
         "run" => 5,
-        "observe" => 0, // beside: checked separately
-        "" => 6,        // lib.rs
+        "" => 6, // lib.rs
         _ => return None,
     })
 }
 
-/// What `observe` (beside the levels) may import.
-const OBSERVE_MAY_IMPORT: [&str; 6] = ["util", "rng", "records", "simd", "config", "observe"];
+/// Level of each top-level module of `kiln-model`.
+fn model_level(top: &str) -> Option<u8> {
+    Some(match top {
+        "records" | "stats" | "backend" => 0,
+        "preprocess" | "drift" | "model" => 1,
+        "artifact" => 2,
+        "infer" | "predict" => 3,
+        "latency" => 4,
+        "" => 5, // lib.rs
+        _ => return None,
+    })
+}
 
-fn src() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/core/src")
+/// The source directory of a member crate.
+fn src(krate: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("crates")
+        .join(krate)
+        .join("src")
 }
 
 /// Level of each member crate (and of the root package, `kiln`): a crate may depend only on
 /// member crates of a lower level.
-const CRATE_LEVEL: [(&str, u8); 7] = [
+const CRATE_LEVEL: [(&str, u8); 9] = [
     ("kiln-base", 0),
     ("kiln-mvn", 1),
-    ("kiln-core", 2),
-    ("kiln-track", 3),
-    ("kiln-serve", 3),
-    ("kiln-loadgen", 4),
-    ("kiln", 5),
+    ("kiln-observe", 1),
+    ("kiln-model", 2),
+    ("kiln-core", 3),
+    ("kiln-track", 4),
+    ("kiln-serve", 4),
+    ("kiln-loadgen", 5),
+    ("kiln", 6),
 ];
 
 /// `(package name, the kiln-* crates among its dependencies of every kind)` for the root
@@ -125,8 +147,33 @@ fn the_manifest_reader_sees_member_dependencies() {
     assert!(deps("kiln-base").is_empty());
 }
 
-/// Module path (`model::mvn::module`) → source without comments and test modules.
-fn library_files() -> BTreeMap<String, String> {
+/// The serving tier builds without the trainer: a training edit never rebuilds the server.
+#[test]
+fn the_serving_crates_do_not_depend_on_the_trainer() {
+    let members = member_manifests();
+    let deps = |n: &str| members.iter().find(|(c, _)| c == n).unwrap().1.clone();
+    // The closure over member crates (every member's own kiln-* dependencies).
+    for root in ["kiln-serve", "kiln-loadgen"] {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![root.to_string()];
+        while let Some(c) = todo.pop() {
+            for d in deps(&c) {
+                if seen.insert(d.clone()) {
+                    todo.push(d);
+                }
+            }
+        }
+        assert!(
+            !seen.contains("kiln-core"),
+            "{root} depends on kiln-core (through {seen:?})"
+        );
+        assert!(seen.contains("kiln-model"), "{root}: {seen:?}");
+    }
+}
+
+/// Module path (`model::mvn::module`) → source without comments and test modules, for the
+/// files under `src`.
+fn library_files(src: &Path) -> BTreeMap<String, String> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap().flatten() {
             let p = e.path();
@@ -138,10 +185,10 @@ fn library_files() -> BTreeMap<String, String> {
         }
     }
     let mut files = Vec::new();
-    walk(&src(), &mut files);
+    walk(src, &mut files);
     let mut mods = BTreeMap::new();
     for p in files {
-        let rel = p.strip_prefix(src()).unwrap().with_extension("");
+        let rel = p.strip_prefix(src).unwrap().with_extension("");
         let mut parts: Vec<String> = rel
             .components()
             .map(|c| c.as_os_str().to_string_lossy().into_owned())
@@ -275,11 +322,9 @@ fn top(m: &str) -> &str {
     m.split("::").next().unwrap_or("")
 }
 
-#[test]
-fn no_import_cycles_among_library_files() {
-    let mods = library_files();
-    assert!(mods.len() > 50, "found only {} files", mods.len());
-    let g = edges(&mods);
+/// The first import cycle among `mods`' files, if any.
+fn find_cycle(mods: &BTreeMap<String, String>) -> Option<Vec<String>> {
+    let g = edges(mods);
     // Depth-first search for a back edge; report the cycle it closes.
     fn visit(
         v: &str,
@@ -314,40 +359,56 @@ fn no_import_cycles_among_library_files() {
         if !state.contains_key(m.as_str())
             && let Some(c) = visit(m, &g, &mut state, &mut Vec::new())
         {
-            panic!("import cycle: {}", c.join(" → "));
+            return Some(c);
         }
     }
+    None
+}
+
+/// The member crates whose files must import without cycles.
+const ACYCLIC_CRATES: [&str; 7] = [
+    "base", "mvn", "observe", "model", "core", "track", "loadgen",
+];
+
+#[test]
+fn no_import_cycles_among_library_files() {
+    let mut bad = Vec::new();
+    for krate in ACYCLIC_CRATES {
+        let mods = library_files(&src(krate));
+        assert!(mods.len() > 3, "{krate}: found only {} files", mods.len());
+        if let Some(c) = find_cycle(&mods) {
+            bad.push(format!("{krate}: {}", c.join(" → ")));
+        }
+    }
+    assert!(bad.is_empty(), "import cycles:\n{}", bad.join("\n"));
 }
 
 #[test]
 fn top_level_modules_import_only_downwards() {
-    let mods = library_files();
     let mut bad = Vec::new();
-    for (from, tos) in edges(&mods) {
-        let (a, la) = (top(&from), level(top(&from)));
-        let Some(la) = la else {
-            bad.push(format!(
-                "{from}: module `{a}` has no level in tests/it/architecture.rs"
-            ));
-            continue;
-        };
-        for to in tos {
-            let b = top(&to);
-            if a == b || b.is_empty() {
+    let layered: [(&str, Level); 2] = [("core", core_level), ("model", model_level)];
+    for (krate, level) in layered {
+        let mods = library_files(&src(krate));
+        for (from, tos) in edges(&mods) {
+            let (a, la) = (top(&from), level(top(&from)));
+            let Some(la) = la else {
+                bad.push(format!(
+                    "{krate}: {from}: module `{a}` has no level in tests/it/architecture.rs"
+                ));
                 continue;
-            }
-            if a == "observe" {
-                if !OBSERVE_MAY_IMPORT.contains(&b) {
-                    bad.push(format!(
-                        "{from} → {to}: observe imports only leaves and config"
-                    ));
+            };
+            for to in tos {
+                let b = top(&to);
+                if a == b || b.is_empty() {
+                    continue;
                 }
-                continue;
-            }
-            match level(b) {
-                Some(lb) if lb <= la => {}
-                Some(lb) => bad.push(format!("{from} (level {la}) → {to} (level {lb})")),
-                None => bad.push(format!("{to}: module `{b}` has no level")),
+                match level(b) {
+                    Some(lb) if lb <= la => {}
+                    Some(lb) => {
+                        bad.push(format!("{krate}: {from} (level {la}) → {to} (level {lb})"))
+                    }
+                    None => bad.push(format!("{krate}: {to}: module `{b}` has no level")),
+                }
             }
         }
     }

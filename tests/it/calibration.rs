@@ -72,9 +72,10 @@ async fn variance_scaling_moves_test_calibration_toward_nominal_in_every_consume
     let export = miscalibrated(tmp.path(), true);
     let ckpt = Checkpoint::load(&export).unwrap();
     let m = &ckpt.manifest;
-    let before = &m.metrics["test_before_calibration"];
-    let after = &m.metrics["test"];
-    assert!(before["targets"].is_array(), "{}", m.metrics);
+    let metrics = serde_json::to_value(&m.metrics).unwrap();
+    let before = &metrics["test_before_calibration"];
+    let after = &metrics["test"];
+    assert!(before["targets"].is_array(), "{metrics}");
     let miss = |r: &Value| {
         sum_over_targets(r, |t| {
             (t["coverage_90"].as_f64().unwrap() - 0.9).abs()
@@ -110,7 +111,7 @@ async fn variance_scaling_moves_test_calibration_toward_nominal_in_every_consume
         "a barely trained variance head needs rescaling: {:?}",
         info.std_scale
     );
-    assert!(m.metrics["validation"]["targets"].is_array());
+    assert!(metrics["validation"]["targets"].is_array());
     // The pictures: per target a reliability diagram and PIT histogram, SVG and PNG.
     let run_dir = export.parent().unwrap();
     for t in ["hr_rate", "bb_rate", "so_rate"] {

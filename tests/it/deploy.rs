@@ -424,7 +424,7 @@ fn the_dockerfile_builds_locked_and_runs_unprivileged() {
     assert!(lines.contains(&r#"ENTRYPOINT ["kiln"]"#));
     // What the build reads is copied in (sources, lock file, the member crates with their
     // build scripts and the gRPC proto, embedded assets).
-    assert!(root().join("crates/core/build.rs").is_file());
+    assert!(root().join("crates/model/build.rs").is_file());
     assert!(
         root()
             .join("crates/serve/proto/grpc_predict_v2.proto")

@@ -72,21 +72,24 @@ fn a_student_trains_its_teacher_once_and_records_it() {
         .teacher
         .as_ref()
         .expect("the manifest records the teacher");
-    let member = &teacher["members"][0];
-    let tdir = PathBuf::from(member["dir"].as_str().unwrap());
+    let member = &teacher.members[0];
+    let tdir = PathBuf::from(&member.dir);
     let tm = Checkpoint::load(&tdir).unwrap().manifest;
-    assert_eq!(member["run_id"], tm.run_id.as_str());
-    assert_eq!(member["parameter_count"], tm.parameter_count);
-    assert_eq!(teacher["ensemble"], 1);
+    assert_eq!(member.run_id, tm.run_id);
+    assert_eq!(member.parameter_count, tm.parameter_count);
+    assert_eq!(teacher.ensemble, 1);
     assert_eq!(tm.parameter_count, 10 * 16 + 16 + 2 * (16 * 3 + 3));
     assert_eq!(m.parameter_count, 10 * 2 + 2 + 2 * (2 * 3 + 3));
     assert!(tm.parameter_count >= 4 * m.parameter_count);
     // The registry row keeps the metrics: the teacher and its test table are there.
-    assert_eq!(m.metrics["teacher"], *teacher);
-    let tt = &m.metrics["teacher_test"]["targets"];
-    assert_eq!(tt.as_array().unwrap().len(), 3);
-    assert!(tt[0]["mse_model"].as_f64().unwrap().is_finite());
-    assert_eq!(s.end.final_metrics.as_ref().unwrap()["teacher"], *teacher);
+    assert_eq!(m.metrics.teacher.as_ref(), Some(teacher));
+    let tt = &m.metrics.teacher_test.as_ref().unwrap().targets;
+    assert_eq!(tt.len(), 3);
+    assert!(tt[0].mse_model.is_finite());
+    assert_eq!(
+        s.end.final_metrics.as_ref().unwrap().teacher.as_ref(),
+        Some(teacher)
+    );
     assert!(
         s.end.val_metric.is_some(),
         "distill_mse is the right-sizing metric"
@@ -105,10 +108,7 @@ fn a_student_trains_its_teacher_once_and_records_it() {
     let m2 = Checkpoint::load(&s2.outcome.export_dir.unwrap())
         .unwrap()
         .manifest;
-    assert_eq!(
-        m2.teacher.unwrap()["members"][0]["run_id"],
-        tm.run_id.as_str()
-    );
+    assert_eq!(m2.teacher.unwrap().members[0].run_id, tm.run_id);
 
     // The same teacher named by its checkpoint; a teacher of other features is refused.
     let by_dir = d.path().join("by_dir.yaml");
@@ -149,8 +149,8 @@ fn a_student_trains_its_teacher_once_and_records_it() {
         .manifest
         .teacher
         .unwrap();
-    assert_eq!(t3["ensemble"], 2);
-    assert_ne!(t3["members"][0]["run_id"], t3["members"][1]["run_id"]);
+    assert_eq!(t3.ensemble, 2);
+    assert_ne!(t3.members[0].run_id, t3.members[1].run_id);
 }
 
 #[test]

@@ -283,25 +283,21 @@ fn refit_retrains_on_train_and_validation_with_the_chosen_epochs() {
     let run = run_once(tmp.path(), None);
     let sel = Checkpoint::load(&run.join("selection/export")).unwrap();
     let refit = Checkpoint::load(&run.join("export")).unwrap();
-    let m = &refit.manifest.metrics["refit"];
-    assert_eq!(m["trained_on"], "train+validation");
-    let chosen: Vec<u64> = sel.manifest.metrics["stages"]
-        .as_array()
-        .unwrap()
+    let m = refit.manifest.metrics.refit.as_ref().unwrap();
+    assert_eq!(m.trained_on, "train+validation");
+    let chosen: Vec<usize> = sel
+        .manifest
+        .metrics
+        .stages
         .iter()
-        .map(|s| s["best_epoch"].as_u64().unwrap())
+        .map(|s| s.best_epoch)
         .collect();
-    let epochs: Vec<u64> = m["epochs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_u64().unwrap())
-        .collect();
+    let epochs = m.epochs.clone();
     assert_eq!(epochs, chosen);
-    assert_eq!(m["selection_test"], sel.manifest.metrics["test"]);
+    assert_eq!(m.selection_test, sel.manifest.metrics.test);
     // The refit pass ran exactly those epochs.
     let lines = std::fs::read_to_string(run.join("epochs.jsonl")).unwrap();
-    assert_eq!(lines.lines().count() as u64, epochs.iter().sum::<u64>());
+    assert_eq!(lines.lines().count(), epochs.iter().sum::<usize>());
     // Trained on train (≤ 2014) + validation (2015–2016): its feature normalisation is the
     // mean over those rows, computed here from the CSV.
     let csv = std::fs::read_to_string(root().join("datasets/baseball.csv")).unwrap();

@@ -75,9 +75,12 @@ fn train_export_load_predict_round_trip() {
     assert_eq!(manifest.residual_correlation.len(), 3);
     assert_eq!(manifest.dataset.sha256.len(), 64);
     assert_eq!(
-        manifest.metrics["int8_test_delta"]["targets"]
-            .as_array()
+        manifest
+            .metrics
+            .int8_test_delta
+            .as_ref()
             .unwrap()
+            .targets
             .len(),
         3,
         "int8 accuracy change is stored"
@@ -397,7 +400,7 @@ fn baseball_config_learns_and_beats_every_baseline() {
     assert_eq!(trained.outcome.parameter_count, 3654);
     // The table is stored in the manifest.
     let m = trained.outcome.manifest.unwrap();
-    assert_eq!(m.metrics["beats_all_baselines"], true);
+    assert!(m.metrics.beats_all_baselines);
 }
 
 #[test]

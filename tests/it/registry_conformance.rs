@@ -132,8 +132,22 @@ fn round_trip(backend: Backend) {
             latency_b1_p50_us: Some(1.5),
             latency_b128_p50_us: Some(30.25),
             artifact_path: Some("/x/export".into()),
-            latency: Some(serde_json::json!({"b1": {"p50_us": 1.5}})),
-            final_metrics: Some(serde_json::json!({"nll": -1.25})),
+            latency: Some(kiln::records::metrics::LatencyReport {
+                engine: "fused".into(),
+                cpu: None,
+                batches: vec![kiln::records::metrics::BatchLatency {
+                    batch: 1,
+                    iters: 10,
+                    p50_us: 1.5,
+                    p95_us: 2.0,
+                    p99_us: 2.5,
+                }],
+            }),
+            // A key the metrics type does not know round-trips as it is.
+            final_metrics: Some(kiln::records::metrics::ManifestMetrics {
+                other: [("nll".to_string(), serde_json::json!(-1.25))].into(),
+                ..Default::default()
+            }),
             ..RunEnd::default()
         },
     )
@@ -145,7 +159,7 @@ fn round_trip(backend: Backend) {
     assert_eq!(r.param_count, Some(1 << 40), "64-bit integers");
     assert_eq!(r.val_metric, Some(exact));
     assert_eq!(r.latency_b128_p50_us, Some(30.25));
-    assert_eq!(r.latency.as_ref().unwrap()["b1"]["p50_us"], 1.5);
+    assert_eq!(r.latency.as_ref().unwrap()["batches"][0]["p50_us"], 1.5);
     assert_eq!(r.final_metrics.as_ref().unwrap()["nll"], -1.25);
     assert_eq!(r.environment.as_ref().unwrap()["burn"], "0.21.0");
     assert_eq!(r.host, kiln::track::registry::hostname());

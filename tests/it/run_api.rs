@@ -174,9 +174,11 @@ fn a_full_run_through_the_library_with_registry_and_mlflow_observers() {
         "latency stored in the manifest"
     );
     assert_eq!(
-        ckpt.manifest.metrics["int8_test_delta"]["targets"]
-            .as_array()
-            .map(Vec::len),
+        ckpt.manifest
+            .metrics
+            .int8_test_delta
+            .as_ref()
+            .map(|d| d.targets.len()),
         Some(3)
     );
     let latency = summary.latency.as_ref().unwrap();

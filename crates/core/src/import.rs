@@ -33,6 +33,7 @@
 //! takes raw features and answers in raw target units. The checkpoint's residual correlation
 //! (used by `kiln pick`) is the identity, since no validation residuals are known.
 
+use crate::records::metrics::{ImportInfo, ManifestMetrics};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -410,15 +411,16 @@ impl PytorchImport {
             residual_correlation: (0..k)
                 .map(|i| (0..k).map(|j| if i == j { 1.0 } else { 0.0 }).collect())
                 .collect(),
-            metrics: serde_json::json!({
-                "imported": {
-                    "from": "pytorch-safetensors",
-                    "weights": self.weights.display().to_string(),
-                    "weights_sha256": sha,
-                    "config": self.config.display().to_string(),
-                    "maps": self.maps.iter().map(KeyMap::rule).collect::<Vec<_>>(),
-                }
-            }),
+            metrics: ManifestMetrics {
+                imported: Some(ImportInfo {
+                    from: "pytorch-safetensors".into(),
+                    weights: self.weights.display().to_string(),
+                    weights_sha256: sha.clone(),
+                    config: self.config.display().to_string(),
+                    maps: self.maps.iter().map(KeyMap::rule).collect(),
+                }),
+                ..ManifestMetrics::default()
+            },
             dataset: DatasetInfo {
                 path: spec.data_path.unwrap_or_default(),
                 sha256: String::new(),

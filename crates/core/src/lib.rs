@@ -20,17 +20,12 @@
 
 #![warn(missing_docs)]
 
-pub mod artifact;
-pub mod backend;
 pub mod bench;
 pub mod config;
 pub mod data;
 pub mod doctor;
 pub mod export;
 pub mod import;
-pub mod infer;
-pub mod model;
-pub mod observe;
 pub mod pick;
 pub mod predict;
 pub mod records;
@@ -41,12 +36,8 @@ pub mod train;
 /// dependency for them.
 pub use kiln_base::{rng, simd, util};
 
-/// `tracing`, re-exported for [`prof_span!`] so that crates using the macro need no
-/// dependency of their own.
-#[doc(hidden)]
-pub use tracing as __tracing;
-
-/// The Burn version kiln was built against (the workspace manifest's exact pin).
-pub const BURN_VERSION: &str = env!("KILN_BURN_VERSION");
-/// The rustc that compiled kiln.
-pub const RUSTC_VERSION: &str = env!("KILN_RUSTC_VERSION");
+/// The model side (`kiln-model`): network, checkpoints, engines, backends — re-exported under
+/// the names the modules of this crate and the crates above use.
+pub use kiln_model::{BURN_VERSION, RUSTC_VERSION, artifact, backend, infer, model};
+/// Instrumentation (`kiln-observe`): profiler, resource trace, verdict, plots.
+pub use kiln_observe::{self as observe, prof_span};

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::artifact::Manifest;
+use crate::data::preprocess::EncodeTable;
 use crate::data::table::{CsvTable, DataError};
 use crate::model::mvn::{
     HaltonMvnCdf, Leg, MvnError, PickCorrelation, PickResult, Side, pick_probabilities,

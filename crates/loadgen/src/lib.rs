@@ -9,4 +9,4 @@ pub mod client;
 pub mod loadtest;
 
 // The library core's helpers, under the name this crate's files use.
-use kiln_core::util;
+use kiln_model::util;

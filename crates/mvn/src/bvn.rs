@@ -153,7 +153,7 @@ pub(crate) fn bvn_upper(h: f64, k: f64, r: f64) -> f64 {
 /// limits; a one-sided query thus keeps its relative precision in the tails.
 pub(crate) fn bvn_box(a: [f64; 2], b: [f64; 2], r: f64) -> f64 {
     let free = |i: usize| a[i] == f64::NEG_INFINITY && b[i] == f64::INFINITY;
-    let mass = |i: usize| super::cholesky::interval_mass(a[i], b[i]);
+    let mass = |i: usize| super::normal::interval_mass(a[i], b[i]);
     match (free(0), free(1)) {
         (true, true) => return 1.0,
         (true, false) => return mass(1),

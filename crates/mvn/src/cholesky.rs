@@ -18,7 +18,7 @@
 
 use super::error::MvnError;
 use super::factor1::OneFactor;
-use super::normal::{norm_cdf, norm_pdf};
+use super::normal::{interval_mass, norm_cdf, norm_pdf};
 use super::query::Prepared;
 
 /// A residual variance at or below this fraction of the original variance counts as zero
@@ -70,15 +70,6 @@ pub(crate) fn truncated_mean(lo: f64, hi: f64) -> f64 {
         hi
     } else {
         0.0
-    }
-}
-
-/// Φ(hi) − Φ(lo), evaluated in the tail that keeps precision.
-pub(crate) fn interval_mass(lo: f64, hi: f64) -> f64 {
-    if lo > 0.0 {
-        (norm_cdf(-lo) - norm_cdf(-hi)).max(0.0)
-    } else {
-        (norm_cdf(hi) - norm_cdf(lo)).max(0.0)
     }
 }
 

@@ -21,7 +21,7 @@
 //! matrix, not the one asked about). Variables with σ_i² below 1e−6 (a near-perfect loading)
 //! make the integrand a near step and are left to the general estimator.
 
-use super::cholesky::interval_mass;
+use super::normal::interval_mass;
 use super::normal::norm_pdf;
 
 /// Largest deviation |r_ij − λ_i λ_j| accepted as one-factor structure.

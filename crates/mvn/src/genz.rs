@@ -23,8 +23,9 @@
 //! when the CPU has them) and for the baseline target.
 
 use super::bvn::bvn_box;
-use super::cholesky::{Factor, interval_mass};
+use super::cholesky::Factor;
 use super::constants::HostConstants;
+use super::normal::interval_mass;
 use super::normal::{BLOCK, norm_cdf};
 use super::simd::{norm_cdf as vcdf, norm_ppf as vppf, norm_tail as vtail};
 #[cfg(target_arch = "x86_64")]

@@ -212,6 +212,15 @@ pub fn erfinv(x: f64) -> f64 {
     if x < 0.0 { -v } else { v }
 }
 
+/// Φ(hi) − Φ(lo), evaluated in the tail that keeps precision.
+pub(crate) fn interval_mass(lo: f64, hi: f64) -> f64 {
+    if lo > 0.0 {
+        (norm_cdf(-lo) - norm_cdf(-hi)).max(0.0)
+    } else {
+        (norm_cdf(hi) - norm_cdf(lo)).max(0.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -643,14 +643,14 @@ impl IdleShared {
             return Err("the instance has stopped".into());
         };
         let inputs = {
-            let _a = kiln_core::prof_span!("serve_batch_assembly", requests = 1).entered();
+            let _a = kiln_model::prof_span!("serve_batch_assembly", requests = 1).entered();
             [input]
         };
         let t0 = Instant::now();
         self.metrics.record_queue(t0 - arrived);
         crate::observe::profiler::record_interval("serve_queue_wait", arrived, t0);
         let r = {
-            let _c = kiln_core::prof_span!("serve_compute", rows = input.rows()).entered();
+            let _c = kiln_model::prof_span!("serve_compute", rows = input.rows()).entered();
             run_guarded(&mut **instance, &inputs)
         };
         let engine = instance.engine_time();
@@ -767,12 +767,12 @@ fn run_batch(
     let rows: usize = batch.jobs.iter().map(|j| j.input.rows()).sum();
     let inputs: Vec<&ModelInput> = {
         let _a =
-            kiln_core::prof_span!("serve_batch_assembly", requests = batch.jobs.len()).entered();
+            kiln_model::prof_span!("serve_batch_assembly", requests = batch.jobs.len()).entered();
         batch.jobs.iter().map(|j| &j.input).collect()
     };
     let t0 = Instant::now();
     let result = {
-        let _c = kiln_core::prof_span!("serve_compute", rows = rows).entered();
+        let _c = kiln_model::prof_span!("serve_compute", rows = rows).entered();
         run_guarded(instance, &inputs)
     };
     if result.is_ok()

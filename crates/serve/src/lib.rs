@@ -41,7 +41,7 @@
 #![warn(missing_docs)]
 
 // The library core's modules, under the names this crate's files use.
-use kiln_core::{artifact, backend, infer, observe, predict};
+use kiln_model::{artifact, backend, infer, observe, predict};
 
 pub mod batcher;
 pub mod conn;
@@ -164,7 +164,7 @@ pub enum ServeError {
 }
 
 /// The default engine: `auto` (the fastest CPU engine per batch-size bucket, timed at load;
-/// see `kiln_core::infer::auto`).
+/// see `kiln_model::infer::auto`).
 pub fn default_engine() -> String {
     crate::infer::auto::AUTO.to_string()
 }

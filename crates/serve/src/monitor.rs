@@ -29,8 +29,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use kiln_core::bench::latency::LatencyReport;
-use kiln_core::data::drift::{DriftReference, FastBins, ks, psi};
+use kiln_model::drift::{DriftReference, FastBins, ks, psi};
+use kiln_model::latency::LatencyReport;
 use serde::Serialize;
 
 /// Batches per bucket the latency watch keeps.
@@ -571,11 +571,8 @@ pub fn attach(
             "{label}: drift monitoring off: the checkpoint has no training sketches (exported by an older kiln)"
         ),
     }
-    let report = m
-        .latency
-        .clone()
-        .and_then(|v| serde_json::from_value::<LatencyReport>(v).ok());
-    let serving = format!("{engine} ({})", kiln_core::simd::Isa::detect().name());
+    let report = m.latency.clone();
+    let serving = format!("{engine} ({})", kiln_model::simd::Isa::detect().name());
     match report.and_then(|r| LatencyWatch::new(&r, buckets, serving, label.to_string(), config)) {
         Some(w) => {
             let _ = vm.latency.set(w);
@@ -594,7 +591,7 @@ fn median(v: impl Iterator<Item = f64>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_core::bench::latency::BatchLatency;
+    use kiln_model::latency::BatchLatency;
 
     fn report() -> LatencyReport {
         LatencyReport {
@@ -627,9 +624,9 @@ mod tests {
     #[test]
     fn a_batch_counts_the_same_as_its_rows_one_by_one() {
         let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-        let pre = kiln_core::data::preprocess::Preprocessing::plain(&names);
+        let pre = kiln_model::preprocess::Preprocessing::plain(&names);
         let train: Vec<f32> = (0..300).map(|i| ((i * 37) % 101) as f32).collect();
-        let reference = kiln_core::data::drift::DriftReference::fit(&pre, &train, vec![1.0])
+        let reference = kiln_model::drift::DriftReference::fit(&pre, &train, vec![1.0])
             .bind(&pre)
             .unwrap();
         let cfg = WatchConfig::default();

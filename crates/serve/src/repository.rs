@@ -22,7 +22,7 @@
 //! flight to finish, then stops its batcher. [`Repository::index`] lists the models on disk
 //! with their state, as Triton's repository index does.
 
-use kiln_core::records::repository::{subdirs, version_dirs};
+use kiln_model::records::repository::{subdirs, version_dirs};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

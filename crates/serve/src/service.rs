@@ -250,7 +250,7 @@ impl Service {
         };
         let req = if size >= PARSE_OFF_RUNTIME_BYTES {
             let parsed = tokio::task::spawn_blocking(move || {
-                let _span = kiln_core::prof_span!("serve_parse").entered();
+                let _span = kiln_model::prof_span!("serve_parse").entered();
                 parse()
             })
             .await;
@@ -265,7 +265,7 @@ impl Service {
                 }
             }
         } else {
-            let _span = kiln_core::prof_span!("serve_parse").entered();
+            let _span = kiln_model::prof_span!("serve_parse").entered();
             parse().map_err(bad)?
         };
         let level = self
@@ -278,7 +278,7 @@ impl Service {
             None | Some(0) => self.request_timeout,
             Some(us) => Duration::from_micros(us).min(self.request_timeout),
         };
-        let decode_span = kiln_core::prof_span!("serve_decode").entered();
+        let decode_span = kiln_model::prof_span!("serve_decode").entered();
         if let Some(outs) = &req.outputs {
             for o in outs {
                 if !lv.spec.outputs.iter().any(|t| t.name == o.name) {
@@ -360,7 +360,7 @@ impl Service {
         {
             d.observe_std(v);
         }
-        let _encode_span = kiln_core::prof_span!("serve_encode").entered();
+        let _encode_span = kiln_model::prof_span!("serve_encode").entered();
         let encoding = trace.map(|_| Instant::now());
         let selected = select_outputs(&req, outputs).map_err(|e| bad(e.0))?;
         if let Some(why) = selected.iter().find_map(|(t, _)| t.non_finite()) {

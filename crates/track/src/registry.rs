@@ -331,6 +331,11 @@ fn seconds(v: Option<f64>) -> f64 {
     v.unwrap_or(f64::NAN)
 }
 
+/// A record as the JSON text of a registry column.
+fn json_text<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("a record serialises")
+}
+
 fn json_col(v: Option<String>) -> Option<serde_json::Value> {
     v.and_then(|s| serde_json::from_str(&s).ok())
 }
@@ -622,9 +627,9 @@ impl Registry {
                 end.dataset_sha256.as_deref().into(),
                 end.param_count.into(),
                 end.artifact_path.as_deref().into(),
-                end.final_metrics.as_ref().map(|v| v.to_string()).into(),
+                end.final_metrics.as_ref().map(json_text).into(),
                 end.val_metric.into(),
-                end.latency.as_ref().map(|v| v.to_string()).into(),
+                end.latency.as_ref().map(json_text).into(),
                 end.latency_b1_p50_us.into(),
                 end.latency_b128_p50_us.into(),
             ],
@@ -936,7 +941,17 @@ mod tests {
                 param_count: Some(3654),
                 val_metric: Some(0.4),
                 latency_b1_p50_us: Some(1.5),
-                latency: Some(serde_json::json!({"b1": {"p50_us": 1.5}})),
+                latency: Some(kiln_core::records::metrics::LatencyReport {
+                    engine: "fused".into(),
+                    cpu: None,
+                    batches: vec![kiln_core::records::metrics::BatchLatency {
+                        batch: 1,
+                        iters: 10,
+                        p50_us: 1.5,
+                        p95_us: 2.0,
+                        p99_us: 2.5,
+                    }],
+                }),
                 ..RunEnd::default()
             },
         )
@@ -946,7 +961,7 @@ mod tests {
         let r = reg.get("r-").unwrap();
         assert_eq!(r.status, "finished");
         assert_eq!(r.param_count, Some(3654));
-        assert_eq!(r.latency.unwrap()["b1"]["p50_us"], 1.5);
+        assert_eq!(r.latency.unwrap()["batches"][0]["p50_us"], 1.5);
         assert_eq!(r.environment.unwrap()["burn"], "0.21.0");
         let epochs = reg.epochs("r-1").unwrap();
         assert_eq!(

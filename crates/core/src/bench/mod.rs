@@ -9,7 +9,7 @@
 //!   training loop on a synthetic table.
 
 pub mod infer;
-pub mod latency;
+pub use kiln_model::latency;
 pub mod profile;
 pub mod train;
 

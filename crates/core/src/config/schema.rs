@@ -92,7 +92,7 @@ impl Refit {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RefitPass {
     /// Recorded in the manifest's `metrics.refit`.
-    pub provenance: serde_json::Value,
+    pub provenance: kiln_model::records::metrics::RefitProvenance,
 }
 
 /// Post-hoc recalibration of the predicted standard deviations.
@@ -626,32 +626,7 @@ fn default_season_column() -> String {
     "season".to_string()
 }
 
-/// Hidden-layer activation.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
-#[serde(rename_all = "lowercase")]
-pub enum Activation {
-    /// max(x, 0).
-    #[default]
-    Relu,
-    /// Gaussian error linear unit (tanh approximation).
-    Gelu,
-    /// Hyperbolic tangent.
-    Tanh,
-    /// x · sigmoid(x).
-    Silu,
-}
-
-impl Activation {
-    /// The lowercase name used in configs and manifests.
-    pub fn name(self) -> &'static str {
-        match self {
-            Activation::Relu => "relu",
-            Activation::Gelu => "gelu",
-            Activation::Tanh => "tanh",
-            Activation::Silu => "silu",
-        }
-    }
-}
+pub use kiln_model::model::Activation;
 
 /// The network architecture.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -3,7 +3,7 @@
 
 pub mod baseball;
 pub mod dataset;
-pub mod drift;
+pub use kiln_model::drift;
 pub mod init;
 pub mod loader;
 #[cfg(feature = "parquet")]

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use super::Dataset;
+use super::preprocess::EncodeTable;
 use super::table::{CsvTable, DataError};
 use crate::config::{DataConfig, parse};
 

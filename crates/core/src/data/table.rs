@@ -1,5 +1,6 @@
 //! CSV → named columns, with errors that name the file, line and column.
 
+pub use kiln_model::preprocess::{is_missing, parse_finite};
 use std::path::{Path, PathBuf};
 
 /// A relative path with the directory it was resolved from, so that a config run from the
@@ -409,25 +410,6 @@ pub fn sniff_delimiter(bytes: &[u8]) -> u8 {
         b','
     } else {
         [b',', b'\t', b';'][best]
-    }
-}
-
-/// Whether a cell means "no value": empty, `NaN`, `NA` or `null` (any case, surrounding
-/// blanks ignored).
-pub fn is_missing(cell: &str) -> bool {
-    let c = cell.trim();
-    c.is_empty()
-        || c.eq_ignore_ascii_case("nan")
-        || c.eq_ignore_ascii_case("na")
-        || c.eq_ignore_ascii_case("null")
-}
-
-/// Parse a finite number. `Err(true)` = not a number at all, `Err(false)` = NaN or ±∞.
-pub fn parse_finite(cell: &str) -> Result<f64, bool> {
-    match cell.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() => Ok(v),
-        Ok(_) => Err(false),
-        Err(_) => Err(true),
     }
 }
 

@@ -15,8 +15,6 @@
 //! baseline: the hit rate of the same kind of pick on the baseline rows (the validation split),
 //! never on the rows scored.
 
-use serde::{Deserialize, Serialize};
-
 use super::PickError;
 use crate::artifact::Checkpoint;
 use crate::data::{DataError, Dataset};
@@ -28,37 +26,9 @@ use crate::predict::Predictor;
 /// Probabilities are clamped to `[EPS, 1 − EPS]` for the log loss.
 pub const EPS: f64 = 1e-12;
 
-/// One bin of a reliability table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReliabilityBin {
-    /// Lower edge of predicted probability.
-    pub lo: f64,
-    /// Upper edge.
-    pub hi: f64,
-    /// Picks in the bin.
-    pub count: usize,
-    /// Their mean predicted probability.
-    pub mean_p: f64,
-    /// Their observed hit rate.
-    pub hit_rate: f64,
-}
-
-/// Scores of one set of probabilities against outcomes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProbabilityScores {
-    /// Picks scored.
-    pub n: usize,
-    /// Mean `(p − hit)²`.
-    pub brier: f64,
-    /// Mean `−[hit·ln p + (1 − hit)·ln(1 − p)]`.
-    pub log_loss: f64,
-    /// Mean predicted probability.
-    pub mean_p: f64,
-    /// Observed hit rate.
-    pub hit_rate: f64,
-    /// Ten equal-width bins of predicted probability (empty bins left out).
-    pub reliability: Vec<ReliabilityBin>,
-}
+pub use kiln_model::records::metrics::{
+    PickEvaluation, PickKindReport, ProbabilityScores, ReliabilityBin,
+};
 
 /// Brier score of `p` against `hit`.
 pub fn brier(p: &[f64], hit: &[bool]) -> f64 {
@@ -111,84 +81,6 @@ pub fn score(p: &[f64], hit: &[bool]) -> ProbabilityScores {
                 hit_rate: b.2 / b.0 as f64,
             })
             .collect(),
-    }
-}
-
-/// A kind of pick and its probability sets.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PickKindReport {
-    /// `single legs` or `k-leg picks`.
-    pub kind: String,
-    /// Legs left out because the outcome equals the line.
-    pub pushes: usize,
-    /// The checkpoint's probabilities (multi-leg: with the residual correlation).
-    pub model: ProbabilityScores,
-    /// Multi-leg only: the product of the legs' probabilities.
-    pub independence: Option<ProbabilityScores>,
-    /// The constant probability used as baseline (the baseline rows' hit rate).
-    pub constant_p: f64,
-    /// That constant scored on the same picks.
-    pub constant: ProbabilityScores,
-}
-
-/// The whole evaluation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PickEvaluation {
-    /// The split scored.
-    pub split: String,
-    /// Rows of it.
-    pub rows: usize,
-    /// Per target, where its line comes from (`persistence (<t>_l1)` or `training median …`).
-    pub lines: Vec<String>,
-    /// Single legs, then multi-leg picks.
-    pub kinds: Vec<PickKindReport>,
-}
-
-impl PickEvaluation {
-    /// A plain-text table.
-    pub fn table(&self) -> String {
-        let mut s = format!(
-            "pick probabilities against outcomes, {} split ({} rows)\nlines: {}\n{:<16} {:>6} {:>7} {:<28} {:>9} {:>9} {:>8} {:>8}\n",
-            self.split,
-            self.rows,
-            self.lines.join("; "),
-            "kind",
-            "picks",
-            "pushes",
-            "probabilities",
-            "brier",
-            "log loss",
-            "mean p",
-            "hit rate"
-        );
-        for k in &self.kinds {
-            let mut rows = vec![("model".to_string(), &k.model)];
-            if let Some(i) = &k.independence {
-                rows[0].0 = "model (residual corr.)".into();
-                rows.push(("independence".into(), i));
-            }
-            let c = format!("constant {:.4}", k.constant_p);
-            rows.push((c, &k.constant));
-            for (name, sc) in rows {
-                s.push_str(&format!(
-                    "{:<16} {:>6} {:>7} {:<28} {:>9.5} {:>9.5} {:>8.4} {:>8.4}\n",
-                    k.kind, sc.n, k.pushes, name, sc.brier, sc.log_loss, sc.mean_p, sc.hit_rate
-                ));
-            }
-        }
-        for k in &self.kinds {
-            s.push_str(&format!(
-                "reliability, {} (model): predicted → observed (count)\n",
-                k.kind
-            ));
-            for b in &k.model.reliability {
-                s.push_str(&format!(
-                    "  [{:.1}, {:.1})  {:.3} → {:.3}  ({})\n",
-                    b.lo, b.hi, b.mean_p, b.hit_rate, b.count
-                ));
-            }
-        }
-        s
     }
 }
 

@@ -34,12 +34,12 @@ pub struct RunEnd {
     pub param_count: Option<i64>,
     /// Export directory.
     pub artifact_path: Option<String>,
-    /// Final metrics.
-    pub final_metrics: Option<serde_json::Value>,
+    /// Final metrics (the manifest's).
+    pub final_metrics: Option<kiln_model::records::metrics::ManifestMetrics>,
     /// Right-sizing metric.
     pub val_metric: Option<f64>,
-    /// Latency JSON.
-    pub latency: Option<serde_json::Value>,
+    /// The exported model's latency.
+    pub latency: Option<kiln_model::records::metrics::LatencyReport>,
     /// Batch-1 p50 µs.
     pub latency_b1_p50_us: Option<f64>,
     /// Batch-128 p50 µs.

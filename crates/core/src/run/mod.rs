@@ -405,30 +405,14 @@ pub fn measure_export(
         Duration::from_millis(250),
     )?;
     let mut manifest = ckpt.manifest.clone();
-    if let Some(obj) = manifest.metrics.as_object_mut() {
-        obj.insert(
-            "int8_test_delta".into(),
-            int8.map(|r| serde_json::to_value(r).expect("report serialises"))
-                .unwrap_or(serde_json::Value::Null),
-        );
+    manifest.metrics.int8_test_delta = int8;
+    // Advisory like the int8 check: the pick probabilities against the test outcomes.
+    match crate::pick::outcomes::evaluate_checkpoint(&ckpt, &loaded.config.data, Default::default())
+    {
+        Ok(ev) => manifest.metrics.pick_evaluation = Some(ev),
+        Err(e) => tracing::warn!("pick evaluation skipped: {e}"),
     }
-    if let Some(obj) = manifest.metrics.as_object_mut() {
-        // Advisory like the int8 check: the pick probabilities against the test outcomes.
-        match crate::pick::outcomes::evaluate_checkpoint(
-            &ckpt,
-            &loaded.config.data,
-            Default::default(),
-        ) {
-            Ok(ev) => {
-                obj.insert(
-                    "pick_evaluation".into(),
-                    serde_json::to_value(ev).expect("evaluation serialises"),
-                );
-            }
-            Err(e) => tracing::warn!("pick evaluation skipped: {e}"),
-        }
-    }
-    manifest.latency = Some(serde_json::to_value(&report).expect("report serialises"));
+    manifest.latency = Some(report.clone());
     crate::artifact::write_manifest(dir, &mut manifest)?;
     Ok((report, manifest))
 }
@@ -484,7 +468,7 @@ fn run_end(loaded: &LoadedConfig, o: &TrainOutcome, latency: Option<&LatencyRepo
         artifact_path: o.export_dir.as_ref().map(|d| d.display().to_string()),
         final_metrics: o.manifest.as_ref().map(|m| m.metrics.clone()),
         val_metric,
-        latency: latency.and_then(|l| serde_json::to_value(l).ok()),
+        latency: latency.cloned(),
         latency_b1_p50_us: latency.and_then(|l| l.p50(1)),
         latency_b128_p50_us: latency.and_then(|l| l.p50(128)),
     }

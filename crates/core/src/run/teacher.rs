@@ -3,6 +3,7 @@
 //! the trainer as a [`Teacher`]. Training may not import the engines (see
 //! `tests/it/architecture.rs`), so this lives at the run level.
 
+use crate::records::metrics::{TeacherInfo, TeacherMember};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -23,7 +24,7 @@ const CHUNK: usize = 4096;
 /// One or more teacher checkpoints on the `fused` engine; several are moment matched.
 pub struct EngineTeacher {
     members: Vec<Mutex<Predictor>>,
-    info: serde_json::Value,
+    info: TeacherInfo,
 }
 
 fn distill_err(message: String) -> RunError {
@@ -51,22 +52,22 @@ impl EngineTeacher {
                     data.targets
                 )));
             }
-            described.push(serde_json::json!({
-                "run_id": m.run_id,
-                "parameter_count": m.parameter_count,
-                "dir": ckpt.dir.display().to_string(),
-                "weights_sha256": m.weights.sha256,
-            }));
+            described.push(TeacherMember {
+                run_id: m.run_id.clone(),
+                parameter_count: m.parameter_count,
+                dir: ckpt.dir.display().to_string(),
+                weights_sha256: m.weights.sha256.clone(),
+            });
             let engine = crate::infer::build_engine(TEACHER_ENGINE, &ckpt.weights, 0)
                 .map_err(|e| distill_err(format!("teacher {}: {e}", dir.display())))?;
             members.push(Mutex::new(Predictor::for_checkpoint(&ckpt, engine)));
         }
-        let info = serde_json::json!({
-            "engine": TEACHER_ENGINE,
-            "ensemble": members.len(),
-            "parameter_count": described.first().map(|d| d["parameter_count"].clone()),
-            "members": described,
-        });
+        let info = TeacherInfo {
+            engine: TEACHER_ENGINE.into(),
+            ensemble: members.len(),
+            parameter_count: described.first().map(|d| d.parameter_count),
+            members: described,
+        };
         Ok(Self { members, info })
     }
 }
@@ -93,7 +94,7 @@ impl Teacher for EngineTeacher {
         Ok(moment_match(&outs))
     }
 
-    fn describe(&self) -> serde_json::Value {
+    fn describe(&self) -> TeacherInfo {
         self.info.clone()
     }
 }

@@ -31,7 +31,7 @@ pub trait Teacher: Sync {
     /// `x_raw` (`rows × n_features`, the student's feature order and units).
     fn predict(&self, x_raw: &[f32], rows: usize) -> Result<(Vec<f32>, Vec<f32>), String>;
     /// What the manifest records under `teacher`: run ids, parameter counts, directories.
-    fn describe(&self) -> serde_json::Value;
+    fn describe(&self) -> crate::records::metrics::TeacherInfo;
 }
 
 /// Moment-match an ensemble: `μ = avg μ_i`, `σ² = avg(σ_i² + μ_i²) − μ²` (elementwise).

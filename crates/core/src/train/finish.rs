@@ -16,6 +16,7 @@ use crate::config::Calibration;
 use crate::data::Subset;
 use crate::observe::resources;
 use crate::observe::verdict::{self, Verdict};
+use crate::records::metrics::ManifestMetrics;
 
 impl<B: AutodiffBackend> Session<'_, '_, B> {
     /// Close the instruments, judge the bottleneck, evaluate and export the checkpoint.
@@ -117,7 +118,7 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
                 self.reporter.line(&format!(
                     "student {} parameters; teacher {}\n{}",
                     arch.num_params(),
-                    t.describe(),
+                    serde_json::to_string(&t.describe()).expect("teacher info serialises"),
                     side_by_side(&report, &r)
                 ));
                 Some(r)
@@ -138,32 +139,18 @@ impl<B: AutodiffBackend> Session<'_, '_, B> {
             features: prep.x_stats.clone(),
             targets: prep.y_stats.clone(),
             residual_correlation: corr,
-            metrics: {
-                let mut m = serde_json::json!({
-                    "test": report,
-                    "validation": vreport,
-                    "stages": stages,
-                    "beats_all_baselines": report.beats_all(),
-                    "bottleneck": verdict,
-                });
-                if let (Some(r), Some(obj)) = (&cfg.refit_pass, m.as_object_mut()) {
-                    obj.insert("refit".into(), r.provenance.clone());
-                }
-                if let (Some(b), Some(obj)) = (&before, m.as_object_mut()) {
-                    obj.insert(
-                        "test_before_calibration".into(),
-                        serde_json::to_value(b).expect("report serialises"),
-                    );
-                }
+            metrics: ManifestMetrics {
+                beats_all_baselines: report.beats_all(),
+                test: Some(report.clone()),
+                validation: Some(vreport),
+                stages: stages.clone(),
+                bottleneck: Some(verdict.clone()),
+                refit: cfg.refit_pass.as_ref().map(|r| r.provenance.clone()),
+                test_before_calibration: before.clone(),
                 // The registry row keeps the metrics: the teacher goes there too.
-                if let (Some(info), Some(obj)) = (&teacher_info, m.as_object_mut()) {
-                    obj.insert("teacher".into(), info.clone());
-                    obj.insert(
-                        "teacher_test".into(),
-                        serde_json::to_value(&teacher_report).expect("report serialises"),
-                    );
-                }
-                m
+                teacher: teacher_info.clone(),
+                teacher_test: teacher_report,
+                ..ManifestMetrics::default()
             },
             dataset: DatasetInfo {
                 // Resolved once (relative paths are relative to the working directory of

@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use burn::tensor::backend::AutodiffBackend;
-use serde::{Deserialize, Serialize};
 
 use super::evaluate::EvalReport;
 use super::progress::ProgressMode;
@@ -103,27 +102,7 @@ pub struct TrainJob<'a> {
     pub stop_after_epochs: Option<usize>,
 }
 
-/// Per-stage throughput summary.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StageSummary {
-    /// Stage name.
-    pub name: String,
-    /// Epochs run.
-    pub epochs: usize,
-    /// Optimizer steps.
-    pub steps: u64,
-    /// Samples per second over the stage's steps.
-    pub samples_per_s: f64,
-    /// Fraction of step time waiting for data.
-    pub data_wait_frac: f64,
-    /// Best validation loss (restored at the end of the stage).
-    pub best_val_loss: f64,
-    /// The epoch (1-based) it came from.
-    pub best_epoch: usize,
-    /// Mean microseconds per step by phase (zero for epochs recorded before phases were).
-    #[serde(default)]
-    pub step_us: StepPhases,
-}
+pub use kiln_model::records::metrics::StageSummary;
 
 /// The result of a finished run.
 #[derive(Debug, Clone)]

@@ -8,6 +8,7 @@ use super::progress::ProgressMode;
 use super::session::{Session, StageEnd};
 use crate::config::{LoadedConfig, Refit, RefitPass};
 use crate::records::RunDir;
+use crate::records::metrics::RefitProvenance;
 
 /// Train according to `job` on backend `B`: open the session (data, model, resume), run each
 /// stage, then evaluate and export. The run directory's status and the observers of a whole
@@ -74,13 +75,7 @@ fn train_with_refit<B: AutodiffBackend>(
     let sel_export = sel_run.export_dir();
     // A finished selection pass (its export is sealed) is not run again on resume.
     let (stages, test) = match crate::artifact::Checkpoint::load(&sel_export) {
-        Ok(c) if resume_sel => (
-            serde_json::from_value::<Vec<super::job::StageSummary>>(
-                c.manifest.metrics["stages"].clone(),
-            )
-            .unwrap_or_default(),
-            c.manifest.metrics["test"].clone(),
-        ),
+        Ok(c) if resume_sel => (c.manifest.metrics.stages, c.manifest.metrics.test),
         _ => {
             let sel_job = TrainJob {
                 observer: None,
@@ -96,12 +91,7 @@ fn train_with_refit<B: AutodiffBackend>(
                 // Interrupted (tests' stop_after_epochs): so is the run.
                 return Ok(sel);
             }
-            let test = sel
-                .outcome
-                .manifest
-                .as_ref()
-                .map(|m| m.metrics["test"].clone())
-                .unwrap_or_default();
+            let test = sel.outcome.manifest.and_then(|m| m.metrics.test);
             (sel.outcome.stages, test)
         }
     };
@@ -133,13 +123,13 @@ fn train_with_refit<B: AutodiffBackend>(
         st.early_stopping = None;
     }
     c.refit_pass = Some(RefitPass {
-        provenance: serde_json::json!({
-            "trained_on": "train+validation",
-            "selection_run": sel_run.path.display().to_string(),
-            "epochs": epochs,
-            "selection_stages": stages,
-            "selection_test": test,
-        }),
+        provenance: RefitProvenance {
+            trained_on: "train+validation".into(),
+            selection_run: sel_run.path.display().to_string(),
+            epochs: epochs.clone(),
+            selection_stages: stages,
+            selection_test: test,
+        },
     });
     let names: Vec<String> = c.stages.iter().map(|s| s.name.clone()).collect();
     super::progress::Reporter::new(job.progress).line(&format!(

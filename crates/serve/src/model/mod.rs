@@ -9,7 +9,7 @@
 //!   `kiln predict` does.
 //! * **pick** — a version directory holding `pick.json` ([`PickConfig`]). B picks of L legs
 //!   → FP64 `p` (P(all legs hit)), `se` (its standard error) and `independent_p`, each `[B]`,
-//!   computed by [`pick_probabilities`](kiln_core::model::mvn::pick_probabilities). With
+//!   computed by [`pick_probabilities`](kiln_model::model::mvn::pick_probabilities). With
 //!   `"legs_from": "moments"` (the default) the legs carry their outcome's distribution:
 //!   FP64 `mean`, `std`, `line`, BOOL `over`, INT32 `target`, INT32 `group`, each `[B, L]`.
 //!   With `"legs_from": "features"` they carry a row of features instead, as `kiln pick`
@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use super::protocol::{Datatype, InputTensor, OutputTensor, ProtocolError};
 use crate::artifact::{ArtifactError, Checkpoint};
 use crate::infer::InferError;
-use kiln_core::model::mvn::{Leg, MvnError};
+use kiln_model::model::mvn::{Leg, MvnError};
 
 pub mod pick;
 pub mod pick_config;

@@ -17,7 +17,7 @@ use crate::artifact::Checkpoint;
 use crate::infer::build_engine;
 use crate::predict::Predictor;
 use crate::protocol::{Datatype, InputTensor, OutputData, OutputTensor, ProtocolError};
-use kiln_core::model::mvn::{HaltonMvnCdf, Leg, PickResult, Side, pick_probabilities, pick_query};
+use kiln_model::model::mvn::{HaltonMvnCdf, Leg, PickResult, Side, pick_probabilities, pick_query};
 
 /// The float inputs of a pick whose legs carry moments, in input order.
 const PICK_FLOAT_INPUTS: [&str; 3] = ["mean", "std", "line"];

@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::LoadError;
 use crate::artifact::{Checkpoint, Manifest};
-use kiln_core::model::mvn::{HaltonMvnCdfConfig, MvnMethod, PickCorrelation};
+use kiln_model::model::mvn::{HaltonMvnCdfConfig, MvnMethod, PickCorrelation};
 
 /// The file that makes a version directory a pick model.
 pub const PICK_FILE: &str = "pick.json";

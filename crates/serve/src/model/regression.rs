@@ -116,11 +116,11 @@ pub(super) fn describe(c: &Checkpoint) -> Value {
 /// Decode one input per raw column through the checkpoint's preprocessing (`given` in the
 /// order of the preprocessing's inputs).
 pub(super) fn decode_columns(
-    pre: &kiln_core::data::preprocess::Preprocessing,
+    pre: &kiln_model::preprocess::Preprocessing,
     given: &[&InputTensor],
     max_batch: usize,
 ) -> Result<ModelInput, ProtocolError> {
-    use kiln_core::data::preprocess::RawValue;
+    use kiln_model::preprocess::RawValue;
     let rows = match given.first() {
         Some(t) if matches!(t.shape.as_slice(), [_] | [_, 1]) => t.shape[0],
         Some(t) => {
@@ -167,10 +167,9 @@ pub(super) fn decode_columns(
             Column::Text(s) => RawValue::cell(&s[r]),
         }));
         let locate = |column: &str, message: String| {
-            kiln_core::data::DataError::Other(format!("input `{column}` row {r}: {message}"))
+            ProtocolError(format!("input `{column}` row {r}: {message}"))
         };
-        pre.push_values(&values, &mut x, &locate, None)
-            .map_err(|e| ProtocolError(e.to_string()))?;
+        pre.push_values(&values, &mut x, &locate, None)?;
     }
     Ok(ModelInput::Regression { x, rows })
 }

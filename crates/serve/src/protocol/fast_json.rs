@@ -457,7 +457,7 @@ fn exact(m: u64, exp: i64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_core::rng::SplitMix64 as Rng;
+    use kiln_model::rng::SplitMix64 as Rng;
 
     fn parse_number(t: &str) -> Option<f64> {
         let mut i = 0;

@@ -1045,23 +1045,26 @@ impl Mirror {
             }
         }
         // Per target and split: point errors, proper scores, coverage, calibration, sharpness.
-        for split in ["test", "validation", "test_before_calibration"] {
-            let targets = end
-                .final_metrics
-                .as_ref()
-                .and_then(|m| m[split]["targets"].as_array());
-            for t in targets.into_iter().flatten() {
-                let Some(name) = t["target"].as_str() else {
-                    continue;
-                };
-                for (field, v) in t.as_object().into_iter().flatten() {
-                    if let Some(v) = v.as_f64().filter(|v| v.is_finite()) {
-                        metrics.push(metric(
-                            &format!("{split}/{}/{}", escape_key(name), escape_key(field)),
-                            v,
-                            ts,
-                            0,
-                        ));
+        if let Some(m) = &end.final_metrics {
+            let splits = [
+                ("test", &m.test),
+                ("validation", &m.validation),
+                ("test_before_calibration", &m.test_before_calibration),
+            ];
+            for (split, report) in splits {
+                for t in report.iter().flat_map(|r| &r.targets) {
+                    // Every numeric field of the target's row (a field added to the report is
+                    // mirrored without a change here).
+                    let row = serde_json::to_value(t).expect("a target report serialises");
+                    for (field, v) in row.as_object().into_iter().flatten() {
+                        if let Some(v) = v.as_f64().filter(|v| v.is_finite()) {
+                            metrics.push(metric(
+                                &format!("{split}/{}/{}", escape_key(&t.target), escape_key(field)),
+                                v,
+                                ts,
+                                0,
+                            ));
+                        }
                     }
                 }
             }

@@ -425,7 +425,7 @@ pub fn ks(counts: &[u64], reference: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::preprocess::{InputColumn, Preprocessing};
+    use crate::preprocess::{InputColumn, Preprocessing};
 
     fn pre() -> Preprocessing {
         let mut age = InputColumn::numeric("age");

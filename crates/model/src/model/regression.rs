@@ -16,11 +16,37 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Activation;
 use crate::rng::SplitMix64;
 
 /// Stream label for weight initialisation.
 const INIT_STREAM: u64 = 0x494e_4954;
+
+/// Hidden-layer activation.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// max(x, 0).
+    #[default]
+    Relu,
+    /// Gaussian error linear unit (tanh approximation).
+    Gelu,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// x · sigmoid(x).
+    Silu,
+}
+
+impl Activation {
+    /// The lowercase name used in configs and manifests.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+            Activation::Tanh => "tanh",
+            Activation::Silu => "silu",
+        }
+    }
+}
 
 /// The architecture: everything needed to rebuild the network's shape.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

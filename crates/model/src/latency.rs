@@ -4,50 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::artifact::Checkpoint;
 use crate::infer::{InferError, build_engine};
 use crate::predict::{Prediction, Predictor};
 use crate::rng::SplitMix64;
 use crate::util::percentile;
 
-/// Latency percentiles at one batch size.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BatchLatency {
-    /// Rows per call.
-    pub batch: usize,
-    /// Timed calls.
-    pub iters: usize,
-    /// Median µs per call.
-    pub p50_us: f64,
-    /// 95th percentile µs.
-    pub p95_us: f64,
-    /// 99th percentile µs.
-    pub p99_us: f64,
-}
-
-/// Latency of one model on one engine.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LatencyReport {
-    /// The engine measured.
-    pub engine: String,
-    /// The CPU path it ran (`avx512`, `avx2`, `portable`; absent in older manifests).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<String>,
-    /// One entry per batch size.
-    pub batches: Vec<BatchLatency>,
-}
-
-impl LatencyReport {
-    /// The median at `batch`, if measured.
-    pub fn p50(&self, batch: usize) -> Option<f64> {
-        self.batches
-            .iter()
-            .find(|b| b.batch == batch)
-            .map(|b| b.p50_us)
-    }
-}
+pub use crate::records::metrics::{BatchLatency, LatencyReport};
 
 /// The engine the serving tier uses by default: `auto` (the fastest exact CPU engine, see
 /// `kiln_core::infer::auto`).

@@ -71,7 +71,7 @@ const LEGEND_EDGE: Color = Color(170, 170, 170);
 /// own sans-serif font.
 const FAMILY: &str = "sans-serif";
 /// DejaVu Sans (Bitstream Vera licence; see assets/fonts/).
-static DEJAVU_SANS: &[u8] = include_bytes!("../../../../assets/fonts/DejaVuSans.ttf");
+static DEJAVU_SANS: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
 
 /// How a series is drawn. `Step` draws stairs (horizontal, then vertical) through the
 /// points sorted by x, as for a Pareto front.

@@ -19,9 +19,9 @@ pub(crate) enum Act {
     Silu,
 }
 
-impl From<crate::config::Activation> for Act {
-    fn from(a: crate::config::Activation) -> Self {
-        use crate::config::Activation as A;
+impl From<crate::model::Activation> for Act {
+    fn from(a: crate::model::Activation) -> Self {
+        use crate::model::Activation as A;
         match a {
             A::Relu => Act::Relu,
             A::Gelu => Act::Gelu,

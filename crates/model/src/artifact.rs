@@ -31,11 +31,13 @@ use std::path::{Path, PathBuf};
 use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
-use crate::data::ColumnStats;
-use crate::data::dataset::{Affine, sha256_hex};
 use crate::model::regression::linear_from;
 use crate::model::{RegressionNet, RegressionNetConfig};
+use crate::records::metrics::{LatencyReport, ManifestMetrics, TeacherInfo};
+use crate::stats::Affine;
+use crate::stats::ColumnStats;
 use crate::util;
+use crate::util::sha256_hex;
 
 /// The weights file inside an export directory.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -587,21 +589,21 @@ pub struct Manifest {
     /// Correlation of the standardised residuals `(y − μ)/σ` between targets on the
     /// validation split (`k × k`).
     pub residual_correlation: Vec<Vec<f64>>,
-    /// Evaluation results (the test-split table and per-stage summaries).
-    pub metrics: serde_json::Value,
+    /// Evaluation results (the test-split table, per-stage summaries, the verdict, …).
+    pub metrics: ManifestMetrics,
     /// The dataset.
     pub dataset: DatasetInfo,
     /// The weights file.
     pub weights: WeightsInfo,
     /// SHA-256 of the experiment config text.
     pub config_sha256: String,
-    /// Inference latency measured at the end of the run (added by the run registry).
+    /// Inference latency on the serving engine, measured before export.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency: Option<serde_json::Value>,
+    pub latency: Option<LatencyReport>,
     /// The teacher(s) of a distilled model: run id, parameter count and directory of each
     /// (absent for ordinary training).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub teacher: Option<serde_json::Value>,
+    pub teacher: Option<TeacherInfo>,
     /// Post-hoc recalibration of the variance head, when the config asked for one (absent in
     /// older checkpoints and when none was fitted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -609,11 +611,11 @@ pub struct Manifest {
     /// The input preprocessing (imputation, missing indicators) and what it did to the
     /// training data; absent in manifests of older kiln versions (plain numeric inputs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preprocessing: Option<crate::data::preprocess::Preprocessing>,
+    pub preprocessing: Option<crate::preprocess::Preprocessing>,
     /// Sketches of the training split's inputs and the test split's mean predicted std, the
     /// serving tier's drift reference (absent in manifests of older kiln versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drift: Option<crate::data::drift::DriftReference>,
+    pub drift: Option<crate::drift::DriftReference>,
     /// The seal: SHA-256 of the manifest's canonical form without this key
     /// ([`manifest_digest`]); set by [`seal`]. `None` in manifests of older kiln versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -752,13 +754,13 @@ pub struct ManifestParts {
     /// Residual correlation between targets (`k × k`).
     pub residual_correlation: Vec<Vec<f64>>,
     /// Evaluation results.
-    pub metrics: serde_json::Value,
+    pub metrics: ManifestMetrics,
     /// The dataset.
     pub dataset: DatasetInfo,
     /// SHA-256 of the experiment config text.
     pub config_sha256: String,
     /// The teacher(s) of a distilled model.
-    pub teacher: Option<serde_json::Value>,
+    pub teacher: Option<TeacherInfo>,
 }
 
 impl Manifest {
@@ -806,10 +808,10 @@ impl Manifest {
 
     /// The preprocessing from raw columns to the network's inputs (plain numeric columns for
     /// checkpoints without one).
-    pub fn input_preprocessing(&self) -> crate::data::preprocess::Preprocessing {
+    pub fn input_preprocessing(&self) -> crate::preprocess::Preprocessing {
         self.preprocessing
             .clone()
-            .unwrap_or_else(|| crate::data::preprocess::Preprocessing::plain(&self.feature_names()))
+            .unwrap_or_else(|| crate::preprocess::Preprocessing::plain(&self.feature_names()))
     }
 
     /// Target names.
@@ -1061,7 +1063,7 @@ mod tests {
             n_features: 2,
             hidden: vec![3],
             n_targets: 1,
-            activation: crate::config::Activation::Relu,
+            activation: crate::model::Activation::Relu,
         };
         let w = HostWeights::from_model(&arch.init::<Flex>(3, &Default::default()));
         let col = |name: &str| ColumnStats {
@@ -1081,7 +1083,17 @@ mod tests {
             features: vec![col("a"), col("b")],
             targets: vec![col("y")],
             residual_correlation: vec![vec![1.0]],
-            metrics: serde_json::json!({"test": {"mse": 0.1, "nan": f64::NAN}, "n": 3}),
+            metrics: crate::records::metrics::ManifestMetrics {
+                other: [
+                    (
+                        "custom".to_string(),
+                        serde_json::json!({"mse": 0.1, "nan": f64::NAN}),
+                    ),
+                    ("n".to_string(), serde_json::json!(3)),
+                ]
+                .into(),
+                ..Default::default()
+            },
             dataset: DatasetInfo {
                 path: "d.csv".into(),
                 sha256: "00".into(),
@@ -1146,7 +1158,11 @@ mod tests {
         );
         // write_manifest seals what it writes.
         let mut m = back;
-        m.latency = Some(serde_json::json!({"p50": 1.5}));
+        m.latency = Some(crate::records::metrics::LatencyReport {
+            engine: "fused".into(),
+            cpu: None,
+            batches: Vec::new(),
+        });
         write_manifest(&dest, &mut m).unwrap();
         assert_eq!(Checkpoint::load(&dest).unwrap().manifest, m);
     }
@@ -1172,7 +1188,7 @@ mod tests {
             n_features: 3,
             hidden: vec![4, 5, 6],
             n_targets: 2,
-            activation: crate::config::Activation::Tanh,
+            activation: crate::model::Activation::Tanh,
         };
         let w = HostWeights::from_model(&arch.init::<Flex>(9, &Default::default()));
         let bytes = w.to_safetensors();
@@ -1248,7 +1264,7 @@ mod tests {
             n_features: 3,
             hidden: vec![4],
             n_targets: 2,
-            activation: crate::config::Activation::Relu,
+            activation: crate::model::Activation::Relu,
         };
         let net = arch.init::<Flex>(5, &Default::default());
         let w = HostWeights::from_model(&net);

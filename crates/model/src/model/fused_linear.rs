@@ -44,7 +44,7 @@ use burn_flex::{Flex, FlexTensor};
 type Ad = Autodiff<Flex>;
 
 /// Move `t` into `U` when they are the same type (no allocation); otherwise hand it back.
-pub(crate) fn cast<T: 'static, U: 'static>(t: T) -> Result<U, T> {
+pub fn cast<T: 'static, U: 'static>(t: T) -> Result<U, T> {
     let mut slot = Some(t);
     match (&mut slot as &mut dyn Any).downcast_mut::<Option<U>>() {
         Some(u) => Ok(u.take().expect("filled above")),
@@ -75,7 +75,7 @@ pub fn linear_act<B: Backend>(
 }
 
 /// A contiguous f32 view (copies only a strided tensor).
-pub(crate) fn host(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+pub fn host(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     match t.as_slice::<f32>() {
         Some(s) => std::borrow::Cow::Borrowed(s),
         None => std::borrow::Cow::Owned(

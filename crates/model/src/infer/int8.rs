@@ -51,8 +51,6 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use super::act::{self, Act};
 use super::fused::{AlignedBuf, MAX_BLOCK, lowered_layers, make_pool, run_engine};
 use super::{Engine, HeadOutput, InferError, check_shape};
@@ -1006,45 +1004,15 @@ impl Engine for Int8Engine {
     }
 }
 
-/// The test-split effect of int8 inference, per target, against the f32 model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Int8AccuracyReport {
-    /// Rows evaluated.
-    pub rows: usize,
-    /// The int8 path that ran (`avx512` = VNNI, `avx2`, `portable`).
-    pub kernel: String,
-    /// One entry per target.
-    pub targets: Vec<Int8TargetDelta>,
-    /// Largest |int8 − f32| of the mean head over all rows and targets (normalised units).
-    pub max_abs_diff_mean: f64,
-    /// Largest |int8 − f32| of the log-variance head (normalised units).
-    pub max_abs_diff_log_var: f64,
-}
-
-/// One target's metrics under f32 and int8 (original units).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Int8TargetDelta {
-    /// Target column.
-    pub target: String,
-    /// MSE of the f32 model's mean.
-    pub mse_f32: f64,
-    /// MSE of the int8 model's mean.
-    pub mse_int8: f64,
-    /// `(mse_int8 − mse_f32) / mse_f32`.
-    pub mse_rel_change: f64,
-    /// Mean Gaussian NLL (with the constant) of the f32 model.
-    pub nll_f32: f64,
-    /// Mean Gaussian NLL of the int8 model.
-    pub nll_int8: f64,
-}
+pub use crate::records::metrics::{Int8AccuracyReport, Int8TargetDelta};
 
 /// Compare int8 with f32 (the `fused` engine, ≤ 1e-5 of Burn) on rows `x_raw` (original
 /// units, `rows × nf`) with targets `y_raw` (`rows × k`), normalising with `features` and
 /// un-normalising with `targets` as a checkpoint's manifest does.
 pub fn int8_accuracy_on(
     weights: &HostWeights,
-    features: &[crate::data::ColumnStats],
-    targets: &[crate::data::ColumnStats],
+    features: &[crate::stats::ColumnStats],
+    targets: &[crate::stats::ColumnStats],
     x_raw: &[f32],
     y_raw: &[f32],
 ) -> Result<Int8AccuracyReport, InferError> {
@@ -1054,7 +1022,7 @@ pub fn int8_accuracy_on(
     check_shape(x_raw, rows, nf)?;
     check_shape(y_raw, rows, k)?;
     let mut x = x_raw.to_vec();
-    crate::data::dataset::Affine::new(features).apply(&mut x);
+    crate::stats::Affine::new(features).apply(&mut x);
     let mut f32_engine = super::FusedEngine::new(weights, 1)?;
     let mut i8_engine = Int8Engine::new(weights, 1)?;
     let (mut a, mut b) = (HeadOutput::default(), HeadOutput::default());

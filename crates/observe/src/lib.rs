@@ -1,7 +1,19 @@
-//! Instrumentation: the scheduled profiler (on `tracing` spans), the resource trace, the
-//! bottleneck verdict, and plots. Called from every stage; calls none of them. (The run
-//! registry, the MLflow mirror and the regression analysis are tracking, not
-//! instrumentation: they live in `kiln-track`, above this crate.)
+//! kiln's instrumentation: the scheduled profiler (on `tracing` spans), the resource trace,
+//! the bottleneck verdict, calibration data and plots. Every other kiln crate may call it; it
+//! calls none of them (it depends only on `kiln-base`). The run registry, the MLflow mirror
+//! and the regression analysis are tracking, not instrumentation: they live in `kiln-track`.
+//!
+//! Cargo features: `plots` (PNG/SVG figures), `cuda` (GPU memory through NVML), `no-spans`
+//! (the profiler's spans compiled out).
+
+#![warn(missing_docs)]
+
+use kiln_base::util;
+
+/// `tracing`, re-exported for [`prof_span!`] so that crates using the macro need no
+/// dependency of their own.
+#[doc(hidden)]
+pub use tracing as __tracing;
 
 pub mod calibration;
 #[cfg(feature = "plots")]

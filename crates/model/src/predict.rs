@@ -1,0 +1,103 @@
+//! Prediction in original units: the manifest's normalisation around an inference engine.
+
+use crate::artifact::Checkpoint;
+use crate::infer::{Engine, HeadOutput, InferError};
+use crate::stats::{Affine, ColumnStats};
+
+/// Predictions in original units, row-major `rows × k`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    /// Predicted means.
+    pub mean: Vec<f32>,
+    /// Predicted standard deviations.
+    pub std: Vec<f32>,
+}
+
+/// An engine plus the checkpoint's normalisation.
+pub struct Predictor {
+    engine: Box<dyn Engine>,
+    x_norm: Affine,
+    targets: Vec<ColumnStats>,
+    scratch_x: Vec<f32>,
+    scratch_out: HeadOutput,
+}
+
+impl Predictor {
+    /// Wrap an engine with the normalisation of `features` and `targets`.
+    pub fn new(engine: Box<dyn Engine>, features: &[ColumnStats], targets: &[ColumnStats]) -> Self {
+        Self {
+            engine,
+            x_norm: Affine::new(features),
+            targets: targets.to_vec(),
+            scratch_x: Vec::new(),
+            scratch_out: HeadOutput::default(),
+        }
+    }
+
+    /// For a loaded checkpoint.
+    pub fn for_checkpoint(ckpt: &Checkpoint, engine: Box<dyn Engine>) -> Self {
+        Self::new(engine, &ckpt.manifest.features, &ckpt.manifest.targets)
+    }
+
+    /// Features per row.
+    pub fn n_features(&self) -> usize {
+        self.x_norm.scale.len()
+    }
+
+    /// Targets per row.
+    pub fn n_targets(&self) -> usize {
+        self.targets.len()
+    }
+
+    /// The engine's name.
+    pub fn engine_name(&self) -> String {
+        self.engine.name()
+    }
+
+    /// Predict `rows` raw feature rows (`rows × n_features`, original units).
+    pub fn predict(&mut self, x_raw: &[f32], rows: usize) -> Result<Prediction, InferError> {
+        let mut p = Prediction {
+            mean: Vec::new(),
+            std: Vec::new(),
+        };
+        self.predict_into(x_raw, rows, &mut p)?;
+        Ok(p)
+    }
+
+    /// Like [`Predictor::predict`], reusing `out`'s buffers.
+    pub fn predict_into(
+        &mut self,
+        x_raw: &[f32],
+        rows: usize,
+        out: &mut Prediction,
+    ) -> Result<(), InferError> {
+        crate::infer::check_shape(x_raw, rows, self.n_features())?;
+        {
+            let _s = crate::prof_span!("normalize").entered();
+            self.scratch_x.clear();
+            self.scratch_x.extend_from_slice(x_raw);
+            self.x_norm.apply(&mut self.scratch_x);
+        }
+        {
+            let _s = crate::prof_span!("engine_forward").entered();
+            self.engine
+                .forward(&self.scratch_x, rows, &mut self.scratch_out)?;
+        }
+        let _s = crate::prof_span!("denormalize").entered();
+        let k = self.targets.len();
+        out.mean.clear();
+        out.std.clear();
+        for (i, (&m, &lv)) in self
+            .scratch_out
+            .mean
+            .iter()
+            .zip(&self.scratch_out.log_var)
+            .enumerate()
+        {
+            let t = &self.targets[i % k];
+            out.mean.push((m as f64 * t.std + t.mean) as f32);
+            out.std.push(((0.5 * lv as f64).exp() * t.std) as f32);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,330 @@
+//! The preprocessing that travels with a model: raw input columns → the network's inputs
+//! (imputation of missing cells, missing-indicator features, one-hot codes of categorical
+//! columns), fit on the training split and stored in the checkpoint's manifest, so that
+//! training, `kiln predict`, `kiln pick` and `kiln serve` read raw columns the same way.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The suffix of a missing-indicator feature (`<column>_missing`).
+pub const INDICATOR_SUFFIX: &str = "_missing";
+
+/// One raw input column.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputColumn {
+    /// The column name.
+    pub name: String,
+    /// The value a missing cell gets (fit on the training split); `None`: a missing cell is
+    /// an error. Numeric columns only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impute: Option<f64>,
+    /// Whether the network also sees a `<name>_missing` 0/1 feature.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub indicator: bool,
+    /// A categorical column's vocabulary (the training split's values, sorted): the network
+    /// sees one 0/1 input `<name>=<value>` per entry. `None`: a numeric column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub categories: Option<Vec<String>>,
+    /// A categorical column only: a missing cell goes to the unknown bucket (every one-hot
+    /// input 0) instead of being an error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub missing_to_unknown: bool,
+}
+
+impl InputColumn {
+    /// A numeric column read as it is.
+    pub fn numeric(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            impute: None,
+            indicator: false,
+            categories: None,
+            missing_to_unknown: false,
+        }
+    }
+
+    /// How many network inputs this column gives (its indicator not counted).
+    pub fn width(&self) -> usize {
+        self.categories.as_ref().map_or(1, Vec::len)
+    }
+
+    /// Whether a missing cell is accepted.
+    pub fn accepts_missing(&self) -> bool {
+        match self.categories {
+            Some(_) => self.missing_to_unknown,
+            None => self.impute.is_some(),
+        }
+    }
+}
+
+/// One raw cell, however it arrived (a CSV/Parquet cell, a number or string of a request).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RawValue<'a> {
+    /// No value.
+    Missing,
+    /// A number.
+    Number(f64),
+    /// Text (a category, or a number still to parse).
+    Text(&'a str),
+}
+
+impl<'a> RawValue<'a> {
+    /// A table cell: missing tokens (empty, `NaN`, `NA`, `null`) are [`RawValue::Missing`].
+    pub fn cell(cell: &'a str) -> Self {
+        if is_missing(cell) {
+            RawValue::Missing
+        } else {
+            RawValue::Text(cell.trim())
+        }
+    }
+}
+
+/// What encoding rows did, per input column (for reports).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EncodeCounts {
+    /// Cells imputed (numeric) or sent to the unknown bucket because missing (categorical).
+    pub imputed: Vec<usize>,
+    /// Categorical values not in the vocabulary.
+    pub unknown: Vec<usize>,
+}
+
+/// The text of an integer-valued number as a category (`3.0` → `"3"`).
+fn number_as_category(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// The preprocessing of a checkpoint, and what it did to the training data.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Preprocessing {
+    /// Raw input columns, in order; the network sees their values (one per numeric column,
+    /// the one-hot block of a categorical one), then the indicators of those with
+    /// `indicator`, in the same order.
+    pub inputs: Vec<InputColumn>,
+    /// The sample-weight column training used (weights are not a model input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<String>,
+    /// Rows of the file outside every split.
+    #[serde(default)]
+    pub rows_outside: usize,
+    /// Rows left out of training, per reason (outside every split, a missing split value, a
+    /// missing target, a missing feature under `drop_row`, a missing weight).
+    #[serde(default)]
+    pub dropped: BTreeMap<String, usize>,
+    /// Imputed cells per column, over all splits.
+    #[serde(default)]
+    pub imputed: BTreeMap<String, usize>,
+    /// Categorical values outside the training vocabulary per column, over the validation
+    /// and test splits (they went to the unknown bucket).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, usize>,
+}
+
+impl Preprocessing {
+    /// No imputation: the network's inputs are these columns as they are.
+    pub fn plain(features: &[String]) -> Self {
+        Self {
+            inputs: features.iter().map(|n| InputColumn::numeric(n)).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// The raw columns read from the input.
+    pub fn input_names(&self) -> Vec<String> {
+        self.inputs.iter().map(|c| c.name.clone()).collect()
+    }
+
+    /// The network's features, in order: each input (`<name>=<value>` per category of a
+    /// categorical one), then the indicators.
+    pub fn network_features(&self) -> Vec<String> {
+        let mut v = Vec::with_capacity(self.n_features());
+        for c in &self.inputs {
+            match &c.categories {
+                None => v.push(c.name.clone()),
+                Some(cats) => v.extend(cats.iter().map(|k| format!("{}={k}", c.name))),
+            }
+        }
+        v.extend(
+            self.inputs
+                .iter()
+                .filter(|c| c.indicator)
+                .map(|c| format!("{}{INDICATOR_SUFFIX}", c.name)),
+        );
+        v
+    }
+
+    /// Number of network features.
+    pub fn n_features(&self) -> usize {
+        self.inputs.iter().map(InputColumn::width).sum::<usize>()
+            + self.inputs.iter().filter(|c| c.indicator).count()
+    }
+
+    /// Whether the network's inputs are exactly the raw columns (all numeric, nothing
+    /// imputed, no indicators).
+    pub fn is_plain(&self) -> bool {
+        self.inputs
+            .iter()
+            .all(|c| c.impute.is_none() && !c.indicator && c.categories.is_none())
+    }
+
+    /// Whether any input is categorical.
+    pub fn has_categorical(&self) -> bool {
+        self.inputs.iter().any(|c| c.categories.is_some())
+    }
+
+    /// One row of network inputs from raw values (`values[i]` is input `i`), appended to
+    /// `out`; nothing is appended on an error. `locate` names the row in errors (file and
+    /// line, or request row); `counts`, when given, counts imputed and unknown values.
+    pub fn push_values<E>(
+        &self,
+        values: &[RawValue<'_>],
+        out: &mut Vec<f32>,
+        locate: &dyn Fn(&str, String) -> E,
+        mut counts: Option<&mut EncodeCounts>,
+    ) -> Result<(), E> {
+        let start = out.len();
+        let fail = |out: &mut Vec<f32>, e: E| {
+            out.truncate(start);
+            Err(e)
+        };
+        for (i, (c, v)) in self.inputs.iter().zip(values).enumerate() {
+            match (&c.categories, *v) {
+                (None, RawValue::Missing) => match c.impute {
+                    Some(x) => {
+                        out.push(x as f32);
+                        if let Some(n) = counts.as_deref_mut() {
+                            bump(&mut n.imputed, i);
+                        }
+                    }
+                    None => {
+                        return fail(
+                            out,
+                            locate(
+                                &c.name,
+                                "missing value (empty, NaN, NA and null are missing; the model has no imputation for this column — set data.missing when training)".into(),
+                            ),
+                        );
+                    }
+                },
+                (None, RawValue::Number(x)) => {
+                    let f = x as f32;
+                    if !f.is_finite() {
+                        return fail(out, locate(&c.name, out_of_range(x)));
+                    }
+                    out.push(f);
+                }
+                (None, RawValue::Text(t)) => match parse_finite(t) {
+                    Ok(x) if (x as f32).is_finite() => out.push(x as f32),
+                    Ok(x) => return fail(out, locate(&c.name, out_of_range(x))),
+                    Err(not_number) => {
+                        let m = if not_number {
+                            format!("expected a number, got {t:?}")
+                        } else {
+                            format!("expected a finite number, got {t:?}")
+                        };
+                        return fail(out, locate(&c.name, m));
+                    }
+                },
+                (Some(cats), value) => {
+                    let key: std::borrow::Cow<'_, str> = match value {
+                        RawValue::Missing => {
+                            if !c.missing_to_unknown {
+                                return fail(
+                                    out,
+                                    locate(
+                                        &c.name,
+                                        "missing category (empty, NaN, NA and null are missing; the model has no imputation for this column — set data.missing when training)".into(),
+                                    ),
+                                );
+                            }
+                            if let Some(n) = counts.as_deref_mut() {
+                                bump(&mut n.imputed, i);
+                            }
+                            out.extend(std::iter::repeat_n(0.0, cats.len()));
+                            continue;
+                        }
+                        RawValue::Number(x) => number_as_category(x).into(),
+                        RawValue::Text(t) => t.trim().into(),
+                    };
+                    let at = cats.binary_search_by(|k| k.as_str().cmp(&key)).ok();
+                    if at.is_none()
+                        && let Some(n) = counts.as_deref_mut()
+                    {
+                        bump(&mut n.unknown, i);
+                    }
+                    out.extend((0..cats.len()).map(|k| if Some(k) == at { 1.0 } else { 0.0 }));
+                }
+            }
+        }
+        for (c, v) in self.inputs.iter().zip(values) {
+            if c.indicator {
+                out.push(if matches!(v, RawValue::Missing) {
+                    1.0
+                } else {
+                    0.0
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One row of network inputs from raw cells (`cells[i]` is input `i`), appended to `out`.
+    /// `locate` names the row in errors (file and line).
+    pub fn push_row<E>(
+        &self,
+        cells: &[&str],
+        out: &mut Vec<f32>,
+        locate: &dyn Fn(&str, String) -> E,
+    ) -> Result<(), E> {
+        let values: Vec<RawValue<'_>> = cells.iter().map(|c| RawValue::cell(c)).collect();
+        self.push_values(&values, out, locate, None)
+    }
+}
+
+/// Whether a cell means "no value": empty, `NaN`, `NA` or `null` (any case, surrounding
+/// blanks ignored).
+pub fn is_missing(cell: &str) -> bool {
+    let c = cell.trim();
+    c.is_empty()
+        || c.eq_ignore_ascii_case("nan")
+        || c.eq_ignore_ascii_case("na")
+        || c.eq_ignore_ascii_case("null")
+}
+
+/// Parse a finite number. `Err(true)` = not a number at all, `Err(false)` = NaN or ±∞.
+pub fn parse_finite(cell: &str) -> Result<f64, bool> {
+    match cell.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err(false),
+        Err(_) => Err(true),
+    }
+}
+
+fn out_of_range(x: f64) -> String {
+    format!("expected a number within f32's range (|x| ≤ 3.4028235e38), got {x} (infinite in f32)")
+}
+
+fn bump(v: &mut Vec<usize>, i: usize) {
+    if v.len() <= i {
+        v.resize(i + 1, 0);
+    }
+    v[i] += 1;
+}
+
+/// The median of finite values (the mean of the middle two for an even count).
+pub fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let n = values.len();
+    Some(if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    })
+}
