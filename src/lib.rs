@@ -7,13 +7,16 @@
 //! |---|---|---|
 //! | `kiln-base` | [`simd`], [`rng`], [`util`] | — |
 //! | `kiln-mvn` | [`model::mvn`]: the MVN CDF estimator, pick maths | base |
-//! | `kiln-core` | config, data, model, train, artifact, infer, predict, bench, pick, export, import, run, observe (instrumentation) | base, mvn |
+//! | `kiln-observe` ([`observe`]) | instrumentation: profiler, resource trace, verdict, plots | base |
+//! | `kiln-model` | the model side: [`model`], [`artifact`], [`infer`], [`predict`], preprocessing, drift, latency, [`records`] | base, mvn, observe |
+//! | `kiln-core` | config, data, train, run, bench, pick, export, import, doctor | model (and below) |
 //! | `kiln-track` ([`track`]) | run registry, MLflow mirror, analysis, sweep, promote | core |
-//! | `kiln-serve` ([`serve`]) | the serving tier: one service, HTTP and gRPC adapters | core |
-//! | `kiln-loadgen` ([`loadgen`]) | loopback client, load generator, serving benchmark | serve, core |
+//! | `kiln-serve` ([`serve`]) | the serving tier: one service, HTTP and gRPC adapters | model (never core) |
+//! | `kiln-loadgen` ([`loadgen`]) | loopback client, load generator, serving benchmark | serve, model |
 //!
-//! Everything of `kiln-core` is re-exported at this crate's root (`kiln::config`,
-//! `kiln::train`, …); the crates above it under their short names.
+//! Everything of `kiln-core` (which re-exports the model side under the same names) is
+//! re-exported at this crate's root (`kiln::config`, `kiln::train`, `kiln::artifact`, …); the
+//! crates above it under their short names.
 
 pub use kiln_core::*;
 /// The client side of the serving tier: loopback client, load generator, serving benchmark.
