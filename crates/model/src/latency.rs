@@ -13,7 +13,7 @@ use crate::util::percentile;
 pub use crate::records::metrics::{BatchLatency, LatencyReport};
 
 /// The engine the serving tier uses by default: `auto` (the fastest exact CPU engine, see
-/// `kiln_core::infer::auto`).
+/// `crate::infer::auto`).
 pub fn serving_engine() -> &'static str {
     crate::infer::auto::AUTO
 }

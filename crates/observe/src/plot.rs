@@ -14,7 +14,7 @@
 //! data; a figure too small for its panels comes out blank but for its title.
 //!
 //! ```no_run
-//! use kiln_core::observe::plot::{Color, Figure, Panel, Series};
+//! use kiln_observe::plot::{Color, Figure, Panel, Series};
 //! let mem = vec![(0.0, 120.0), (5.0, 340.0)];
 //! let fig = Figure::new("training job", 900, 600)
 //!     .panel(Panel::new("", "time (s)", "memory (MB)").series(Series::line("rss", Color::BLUE, mem)).vline(2.5, "train"));

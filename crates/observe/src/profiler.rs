@@ -1,6 +1,6 @@
 //! The scheduled profiler, built on `tracing` spans.
 //!
-//! Code marks its phases with spans under the target `kiln_core::prof` (see [`crate::prof_span!`]):
+//! Code marks its phases with spans under the target `kiln::prof` (see [`crate::prof_span!`]):
 //! the training step and its parts (data wait, host-to-device copy, forward, loss, backward,
 //! clipping, optimizer step), validation, and every module's forward (named by module path,
 //! e.g. `RegressionNet/backbone/0`). A [`ProfilerLayer`] in the global subscriber turns them
@@ -219,7 +219,7 @@ impl Visit for FieldCollector<'_> {
     }
 }
 
-/// The `tracing` layer that times `kiln_core::prof` spans while recording.
+/// The `tracing` layer that times `kiln::prof` spans while recording.
 pub struct ProfilerLayer;
 
 /// Whether a callsite belongs to the profiler.
@@ -909,7 +909,7 @@ pub fn diff_table(rows: &[DiffRow]) -> String {
 ///
 /// ```
 /// let rows = 3;
-/// let _span = kiln_core::prof_span!("my_stage", rows = rows).entered();
+/// let _span = kiln_observe::prof_span!("my_stage", rows = rows).entered();
 /// ```
 #[cfg(not(feature = "no-spans"))]
 #[macro_export]

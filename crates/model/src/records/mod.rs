@@ -135,7 +135,7 @@ pub const CPU_ENGINES: [&str; 4] = names([
 /// The CUDA inference engines (built with the `cuda` feature).
 pub const CUDA_ENGINES: [&str; 2] = names([EngineKind::CudaBf16, EngineKind::CudaF32]);
 
-/// The engine that picks the fastest exact CPU engine at load (`kiln_core::infer::auto`): the
+/// The engine that picks the fastest exact CPU engine at load (`crate::infer::auto`): the
 /// default of `kiln serve`, `kiln predict`, `kiln pick`, `kiln profile infer`, `kiln promote`
 /// and `export.engine: null`. Its answer for a row is bit-identical whatever the batch.
 pub const AUTO_ENGINE: &str = EngineKind::Auto.name();
