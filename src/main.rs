@@ -436,7 +436,7 @@ fn run(cli: Cli) -> CliResult {
                 }
                 RunsCommand::Show { id, json } => cli::runs::show(&registry, &id, json),
                 RunsCommand::Compare { a, b, json } => cli::runs::compare(&registry, &a, &b, json),
-                RunsCommand::Report { out, batch } => cli::runs::LatencyBatch::from_batch(batch)
+                RunsCommand::Report { out, batch } => cli::runs::latency_batch(batch)
                     .and_then(|w| cli::runs::report(&registry, &out, w)),
                 RunsCommand::Regressions {
                     batch,
@@ -446,7 +446,7 @@ fn run(cli: Cli) -> CliResult {
                     attribute,
                     out,
                     json,
-                } => cli::runs::LatencyBatch::from_batch(batch).and_then(|which| {
+                } => cli::runs::latency_batch(batch).and_then(|which| {
                     cli::runs::regressions(&cli::runs::RegressionArgs {
                         registry: &registry,
                         which,

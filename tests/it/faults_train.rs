@@ -615,7 +615,7 @@ fn healthy_registry(path: &Path) -> String {
         config_text: "name: tiny\n",
         config_sha256: "00",
         started_at: "2026-12-01T00:00:00Z",
-        environment: serde_json::json!({}),
+        environment: Default::default(),
     })
     .unwrap();
     reg.finish_run(

@@ -27,6 +27,7 @@ mod own_data;
 mod pick;
 mod pipeline;
 mod promote;
+mod records_compat;
 mod registry;
 mod registry_conformance;
 mod replicas;

@@ -442,7 +442,7 @@ fn the_nightly_drill_promotes_growing_data_and_refuses_a_corrupted_night() {
             .promotions(Some("baseball"))
             .unwrap()
             .into_iter()
-            .map(|r| (r.decision, r.version))
+            .map(|r| (r.decision.to_string(), r.version))
             .collect()
     };
 

@@ -25,7 +25,7 @@ fn new_run<'a>(id: &'a str, dir: &'a Path, config_text: &'a str) -> NewRun<'a> {
         config_text,
         config_sha256: "x",
         started_at: "2026-12-01T10:00:00Z",
-        environment: serde_json::json!({}),
+        environment: Default::default(),
     }
 }
 

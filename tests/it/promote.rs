@@ -269,7 +269,15 @@ fn a_first_version_is_promoted_and_recorded() {
         (r[0].decision.as_str(), r[0].version, r[0].incumbent_version),
         ("promoted", Some(1), None)
     );
-    assert!(r[0].details["candidate"]["quality"]["nll"].is_f64());
+    assert!(
+        r[0].details
+            .candidate
+            .as_ref()
+            .unwrap()
+            .quality
+            .nll
+            .is_finite()
+    );
 }
 
 #[test]
@@ -316,7 +324,10 @@ fn an_improvement_is_promoted_and_a_quality_regression_refused() {
     assert_eq!(r.len(), 2);
     assert_eq!(r[1].decision, "refused");
     assert_eq!((r[1].version, r[1].incumbent_version), (None, Some(2)));
-    assert_eq!(r[1].details["checks"], v["decision"]["checks"]);
+    assert_eq!(
+        serde_json::to_value(&r[1].details.checks).unwrap(),
+        v["decision"]["checks"]
+    );
 }
 
 #[test]
@@ -422,7 +433,7 @@ fn keep_prunes_old_versions_but_never_the_served_or_the_new_one() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(listing(&repo.join("tiny")), [3, 5], "{}", text(&o));
     let r = rows(&db);
-    assert_eq!(r[0].details["pruned"], serde_json::json!([1, 2, 4]));
+    assert_eq!(r[0].details.pruned, [1, 2, 4]);
     // Nothing half-removed is left behind.
     let hidden: Vec<_> = std::fs::read_dir(repo.join("tiny"))
         .unwrap()
@@ -552,7 +563,7 @@ fn a_killed_promotion_is_cleaned_up_and_settled_by_the_next() {
     let r = rows(&db);
     assert_eq!(r.len(), 2);
     assert_eq!((r[0].decision.as_str(), r[0].version), ("abandoned", None));
-    assert!(r[0].details["reconciled"].is_string(), "{:?}", r[0].details);
+    assert!(r[0].details.reconciled.is_some(), "{:?}", r[0].details);
     assert_eq!(
         (r[1].decision.as_str(), r[1].version),
         ("promoted", Some(1))
@@ -581,8 +592,11 @@ fn an_installing_row_whose_version_is_in_place_is_settled_as_promoted() {
         run_id: None,
         incumbent_version: None,
         version: Some(1),
-        decision: INSTALLING.into(),
-        details: serde_json::json!({"pid": pid, "candidate": {"weights_sha256": sha}}),
+        decision: INSTALLING,
+        details: serde_json::from_value(
+            serde_json::json!({"pid": pid, "candidate": {"weights_sha256": sha}}),
+        )
+        .unwrap(),
     };
     // A child that has exited: its pid is not alive.
     let mut child = Command::new("true").spawn().unwrap();

@@ -62,7 +62,7 @@ fn concurrent_runs_are_all_registered_with_latency() {
         assert!(row.latency_b128_p50_us.unwrap() > row.latency_b1_p50_us.unwrap());
         assert_eq!(row.param_count, Some(10 * 16 + 16 + 2 * (16 * 3 + 3)));
         assert!(row.config_text.contains("seed:"));
-        assert!(row.environment.as_ref().unwrap()["burn"] == "0.21.0");
+        assert!(row.environment.as_ref().unwrap().burn == "0.21.0");
         // The manifest carries the same latency.
         let m: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(
@@ -135,7 +135,7 @@ fn planted(path: &Path, with_band: bool) -> Vec<String> {
             config_text: &text,
             config_sha256: "x",
             started_at: &format!("2026-11-29T10:{i:02}:00Z"),
-            environment: serde_json::json!({}),
+            environment: Default::default(),
         })
         .unwrap();
         let params = if slow { 3858 } else { 3750 + (i * 3) as i64 };
@@ -304,7 +304,7 @@ fn a_real_engine_split_is_flagged_and_attributed_to_its_cause() {
         .filter(|x| x.config_text.contains("engine: burn"))
         .collect();
     assert_eq!(slow.len(), 1);
-    assert_eq!(slow[0].latency.as_ref().unwrap()["engine"], "burn");
+    assert_eq!(slow[0].latency.as_ref().unwrap().engine, "burn");
 
     let o = kiln(&[
         "runs",

@@ -14,6 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use kiln::records::EpochRecord;
+use kiln::track::promotion::PromotionDecision;
 use kiln::track::registry::{
     Location, NewRun, PromotionRow, Registry, RegistryError, RunEnd, Value,
 };
@@ -81,7 +82,10 @@ fn new_run<'a>(id: &'a str, dir: &'a Path) -> NewRun<'a> {
         config_text: "name: t\n",
         config_sha256: "abc",
         started_at: "2026-11-29T00:00:00Z",
-        environment: serde_json::json!({"burn": "0.21.0"}),
+        environment: kiln::records::RunEnvironment {
+            burn: "0.21.0".into(),
+            ..Default::default()
+        },
     }
 }
 
@@ -159,9 +163,9 @@ fn round_trip(backend: Backend) {
     assert_eq!(r.param_count, Some(1 << 40), "64-bit integers");
     assert_eq!(r.val_metric, Some(exact));
     assert_eq!(r.latency_b128_p50_us, Some(30.25));
-    assert_eq!(r.latency.as_ref().unwrap()["batches"][0]["p50_us"], 1.5);
-    assert_eq!(r.final_metrics.as_ref().unwrap()["nll"], -1.25);
-    assert_eq!(r.environment.as_ref().unwrap()["burn"], "0.21.0");
+    assert_eq!(r.latency.as_ref().unwrap().batches[0].p50_us, 1.5);
+    assert_eq!(r.final_metrics.as_ref().unwrap().other["nll"], -1.25);
+    assert_eq!(r.environment.as_ref().unwrap().burn, "0.21.0");
     assert_eq!(r.host, kiln::track::registry::hostname());
     assert_eq!(r.pid, i64::from(std::process::id()));
     assert!(r.ended_at.is_some() && r.reason.is_none());
@@ -412,7 +416,7 @@ fn planted(reg: &Registry, with_band: bool) {
             config_text: &text,
             config_sha256: "x",
             started_at: &format!("2026-11-29T10:{i:02}:00Z"),
-            environment: serde_json::json!({}),
+            environment: Default::default(),
         })
         .unwrap();
         let params = if slow { 3858 } else { 3750 + (i * 3) as i64 };
@@ -523,12 +527,14 @@ fn promotions_round_trip(backend: Backend) {
         incumbent_version: None,
         version,
         decision: if version.is_some() {
-            "promoted"
+            PromotionDecision::Promoted
         } else {
-            "refused"
-        }
-        .into(),
-        details: serde_json::json!({"latency": {"b1": 0.25, "b128": [1, 2]}, "why": "ok"}),
+            PromotionDecision::Refused
+        },
+        details: serde_json::from_value(
+            serde_json::json!({"latency": {"b1": 0.25, "b128": [1, 2]}, "why": "ok"}),
+        )
+        .unwrap(),
     };
     let a = reg.record_promotion(&row("m", Some(1))).unwrap();
     let b = reg.record_promotion(&row("m", None)).unwrap();

@@ -56,6 +56,12 @@ use crate::rng::SplitMix64;
 use crate::train::uncertainty;
 use crate::util;
 
+// The gate's records, with the gate that makes them.
+pub use crate::promotion::{
+    BatchP50, Check, Decision, Gates, Measurement, Outcome, PromotionDecision, PromotionDetails,
+    Quality, RowLosses, TargetQuality,
+};
+
 /// Why a promotion could not be decided or carried out.
 #[derive(Debug, thiserror::Error)]
 pub enum PromoteError {
@@ -126,65 +132,6 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PromoteError + '_ {
     }
 }
 
-/// The thresholds of the gate.
-///
-/// Quality is compared *paired*, on the same test rows: per row the candidate's and the served
-/// version's squared error (per target) and Gaussian NLL (mean over targets). A check fails
-/// only when the candidate is worse **with confidence** (the one-sided `confidence` lower bound
-/// of the paired bootstrap, rows resampled by group when `group` is given) **and beyond the
-/// tolerance** (`max_mse_increase` relative, `max_nll_increase` in nats). The tolerances absorb
-/// what the bootstrap cannot see — two models that differ only by their seed differ for real on
-/// any test set: on the baseball data (seasons ≤ 2018, 544 test rows, 20 seeds) a one-sided
-/// 95 % rule with no tolerance refused 25 % of seed-only pairs, and the refit nightly config's
-/// seed-only candidates spread one target's test MSE by 12 %. The defaults below (10 %,
-/// 0.02 nats) sit above that spread. See `docs/nightly.md`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Gates {
-    /// Tolerated relative increase of any target's test MSE (0.10 = 10 %).
-    pub max_mse_increase: f64,
-    /// Tolerated increase of the mean test Gaussian NLL (nats per value).
-    pub max_nll_increase: f64,
-    /// The candidate's median latency must stay below this multiple of the served one's at
-    /// every benchmark batch size (the registry's regression rule: 1.5).
-    pub max_latency_ratio: f64,
-    /// One-sided confidence of the paired bootstrap bounds (0.95).
-    #[serde(default = "default_confidence")]
-    pub confidence: f64,
-    /// Bootstrap resamples (seeded, so a decision is reproducible).
-    #[serde(default = "default_resamples")]
-    pub resamples: usize,
-    /// Uncertainty gate (absent: the rows are shown, not enforced): largest allowed relative
-    /// increase of any target's test CRPS (0.05 = 5 %).
-    #[serde(default)]
-    pub max_crps_increase: Option<f64>,
-    /// Uncertainty gate (absent: shown, not enforced): largest allowed absolute increase of any
-    /// target's test calibration error (the PIT miscalibration area, 0 … 0.5).
-    #[serde(default)]
-    pub max_calibration_error_increase: Option<f64>,
-}
-
-fn default_confidence() -> f64 {
-    0.95
-}
-
-fn default_resamples() -> usize {
-    2000
-}
-
-impl Default for Gates {
-    fn default() -> Self {
-        Self {
-            max_mse_increase: 0.10,
-            max_nll_increase: 0.02,
-            max_latency_ratio: 1.5,
-            confidence: default_confidence(),
-            resamples: default_resamples(),
-            max_crps_increase: None,
-            max_calibration_error_increase: None,
-        }
-    }
-}
-
 /// Parse a non-negative fraction written as `5%` or `0.05`.
 pub fn parse_fraction(text: &str) -> Result<f64, String> {
     let t = text.trim();
@@ -197,161 +144,6 @@ pub fn parse_fraction(text: &str) -> Result<f64, String> {
         _ => Err(format!(
             "{text:?} is not a non-negative fraction (expected e.g. `5%` or `0.05`)"
         )),
-    }
-}
-
-/// One target's test metrics (original units).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TargetQuality {
-    /// The target column.
-    pub target: String,
-    /// Mean squared error of the predicted mean.
-    pub mse: f64,
-    /// Mean Gaussian NLL of the predicted mean and standard deviation.
-    pub nll: f64,
-    /// Mean CRPS of the predicted Gaussian.
-    #[serde(default)]
-    pub crps: f64,
-    /// PIT miscalibration area (see `kiln_core::train::uncertainty`).
-    #[serde(default)]
-    pub calibration_error: f64,
-}
-
-/// A model's test metrics.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Quality {
-    /// Test rows.
-    pub rows: usize,
-    /// One entry per target.
-    pub targets: Vec<TargetQuality>,
-    /// Mean Gaussian NLL over every test value.
-    pub nll: f64,
-}
-
-/// The median latency at one batch size.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BatchP50 {
-    /// Rows per call.
-    pub batch: usize,
-    /// Median µs per call.
-    pub p50_us: f64,
-    /// Timed calls.
-    pub iters: usize,
-}
-
-/// Per-row test losses of one model, for the paired comparison.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct RowLosses {
-    /// Squared error, `rows × targets`, row-major.
-    pub sq: Vec<f64>,
-    /// Gaussian NLL per row, averaged over the targets.
-    pub nll: Vec<f64>,
-    /// The resampling group of each row (a hash of the group column's value), if any.
-    pub groups: Option<Vec<u64>>,
-}
-
-impl RowLosses {
-    /// Rows covered.
-    pub fn rows(&self) -> usize {
-        self.nll.len()
-    }
-
-    /// Target `j`'s squared errors.
-    pub fn target(&self, j: usize, k: usize) -> Vec<f64> {
-        self.sq.iter().skip(j).step_by(k.max(1)).copied().collect()
-    }
-}
-
-/// What was measured of one model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Measurement {
-    /// Test metrics.
-    pub quality: Quality,
-    /// Median latency per batch size.
-    pub latency: Vec<BatchP50>,
-    /// SHA-256 of the weights file.
-    pub weights_sha256: String,
-    /// Per-row losses (not serialised; absent for numbers given by hand, which are then
-    /// compared as point estimates).
-    #[serde(skip)]
-    pub rows: Option<RowLosses>,
-}
-
-/// One check of the gate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Check {
-    /// What is checked, e.g. `mse hr_rate`, `latency b1`.
-    pub name: String,
-    /// The candidate's value.
-    pub candidate: f64,
-    /// The served version's value.
-    pub incumbent: Option<f64>,
-    /// The limit the candidate's value must respect.
-    pub limit: Option<f64>,
-    /// Whether it passed.
-    pub passed: bool,
-    /// One line of explanation.
-    pub detail: String,
-}
-
-/// What the gate decided, as the exit code says it (0, 3, 4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Every check passed: the candidate is (or would be) the new version. Exit 0.
-    Promoted,
-    /// A check failed: worse beyond noise, slower, or not finite. Exit 3.
-    Refused,
-    /// Nothing to do: the candidate's weights are the served version's (a rerun on unchanged
-    /// data and config reproduces them bit for bit). Exit 4 (a scheduled job treats it as
-    /// success).
-    NothingToDo,
-}
-
-impl Outcome {
-    /// The process exit code of `kiln promote` for this outcome.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Outcome::Promoted => 0,
-            Outcome::Refused => 3,
-            Outcome::NothingToDo => 4,
-        }
-    }
-
-    /// The word recorded in the registry's `promotions.decision`.
-    pub fn word(self) -> &'static str {
-        match self {
-            Outcome::Promoted => "promoted",
-            Outcome::Refused => "refused",
-            Outcome::NothingToDo => "nothing_to_do",
-        }
-    }
-}
-
-/// The gate's verdict.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Decision {
-    /// Every check passed.
-    pub promoted: bool,
-    /// Promoted, refused or nothing to do.
-    #[serde(default = "refused")]
-    pub outcome: Outcome,
-    /// The checks, in order.
-    pub checks: Vec<Check>,
-}
-
-fn refused() -> Outcome {
-    Outcome::Refused
-}
-
-impl Decision {
-    /// The failed checks' explanations.
-    pub fn reasons(&self) -> Vec<String> {
-        self.checks
-            .iter()
-            .filter(|c| !c.passed)
-            .map(|c| c.detail.clone())
-            .collect()
     }
 }
 
@@ -903,29 +695,32 @@ pub fn reconcile_installing(
     let repo = repository.display().to_string();
     let mut n = 0;
     for row in registry.promotions(Some(model))? {
-        if row.decision != INSTALLING || row.repository != repo {
+        if row.decision != PromotionDecision::Installing || row.repository != repo {
             continue;
         }
-        let pid = row.details["pid"].as_i64().unwrap_or(0);
-        let start = row.details["pid_start"].as_i64();
-        if pid as u32 == std::process::id() || util::process_alive(pid, start) {
+        let pid = row.details.pid.map_or(0, i64::from);
+        if pid as u32 == std::process::id() || util::process_alive(pid, row.details.pid_start) {
             continue;
         }
-        let sha = row.details["candidate"]["weights_sha256"].as_str();
+        let sha = row
+            .details
+            .candidate
+            .as_ref()
+            .map(|c| c.weights_sha256.as_str());
         let installed = row.version.filter(|&v| {
             v > 0
                 && crate::artifact::read_manifest(&repository.join(model).join(v.to_string()))
                     .is_ok_and(|m| Some(m.weights.sha256.as_str()) == sha)
         });
         let mut details = row.details.clone();
-        details["reconciled"] = serde_json::json!(format!(
+        details.reconciled = Some(format!(
             "the promoter (pid {pid}) stopped before settling this row; settled by pid {}",
             std::process::id()
         ));
         let decision = if installed.is_some() {
-            "promoted"
+            PromotionDecision::Promoted
         } else {
-            "abandoned"
+            PromotionDecision::Abandoned
         };
         registry.settle_promotion(row.id, decision, installed, &details)?;
         tracing::warn!(
@@ -939,7 +734,7 @@ pub fn reconcile_installing(
 }
 
 /// The decision of a promotion recorded before its version is renamed into place.
-pub const INSTALLING: &str = "installing";
+pub const INSTALLING: PromotionDecision = PromotionDecision::Installing;
 
 /// Remove all but the `keep` highest versions of `model_dir`, never one in `protect`. Each
 /// is renamed to a dot-directory first (gone from a scan at once), then deleted. Returns the
@@ -1305,16 +1100,17 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
     remove_dead_temporaries(&model_dir);
     let details = |p: &Promotion| {
         let me = std::process::id();
-        serde_json::json!({
-            "engine": p.engine,
-            "gates": opts.gates,
-            "checks": p.decision.checks,
-            "candidate": p.candidate_measurement,
-            "incumbent": p.incumbent_measurement,
-            "pruned": p.pruned,
-            "pid": me,
-            "pid_start": util::process_start(me),
-        })
+        PromotionDetails {
+            engine: p.engine.clone(),
+            gates: opts.gates.clone(),
+            checks: p.decision.checks.clone(),
+            candidate: Some(p.candidate_measurement.clone()),
+            incumbent: p.incumbent_measurement.clone(),
+            pruned: p.pruned.clone(),
+            pid: Some(me),
+            pid_start: util::process_start(me),
+            ..PromotionDetails::default()
+        }
     };
     let mut row = PromotionRow {
         id: 0,
@@ -1325,7 +1121,7 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         run_id: Some(promotion.run_id.clone()),
         incumbent_version: incumbent_version.map(|v| v as i64),
         version: promotion.version.map(|v| v as i64),
-        decision: promotion.decision.outcome.word().into(),
+        decision: promotion.decision.outcome.into(),
         details: details(&promotion),
     };
     if !promotion.decision.promoted {
@@ -1336,16 +1132,18 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
     // leaves an `installing` row that the next promotion settles (reconcile_installing),
     // never a version without a row.
     let next = existing.last().map_or(1, |(v, _)| v + 1);
-    row.decision = INSTALLING.into();
+    row.decision = INSTALLING;
     row.version = Some(next as i64);
     let id = registry.record_promotion(&row)?;
     promotion.registry_id = Some(id);
     let v = match install_version(&model_dir, &cand_dir, next) {
         Ok(v) => v,
         Err(e) => {
-            let mut d = details(&promotion);
-            d["error"] = serde_json::json!(e.to_string());
-            registry.settle_promotion(id, "abandoned", None, &d)?;
+            let d = PromotionDetails {
+                error: Some(e.to_string()),
+                ..details(&promotion)
+            };
+            registry.settle_promotion(id, PromotionDecision::Abandoned, None, &d)?;
             return Err(e);
         }
     };
@@ -1355,6 +1153,11 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         protect.extend(incumbent_version);
         promotion.pruned = prune(&model_dir, keep, &protect)?;
     }
-    registry.settle_promotion(id, "promoted", Some(v as i64), &details(&promotion))?;
+    registry.settle_promotion(
+        id,
+        PromotionDecision::Promoted,
+        Some(v as i64),
+        &details(&promotion),
+    )?;
     Ok(promotion)
 }

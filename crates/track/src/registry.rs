@@ -25,7 +25,9 @@ use serde::{Deserialize, Serialize};
 
 pub use backend::{Db, DbError, Location, Value};
 
-use crate::records::EpochRecord;
+use crate::promotion::{PromotionDecision, PromotionDetails};
+use crate::records::metrics::{LatencyReport, ManifestMetrics};
+use crate::records::{EpochRecord, RunEnvironment, RunState};
 
 /// How often a running run refreshes its heartbeat.
 pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(30);
@@ -58,6 +60,21 @@ pub enum RegistryError {
     /// An id prefix matches several runs.
     #[error("{0:?} matches several runs: {1}")]
     Ambiguous(String, String),
+    /// A stored value this release cannot read (a status word it does not know: corrupt, or
+    /// written by a later release).
+    #[error("registry {path}: table {table}, row {row}, column {column}: {message}")]
+    Unreadable {
+        /// The database file, or the server's URL without its password.
+        path: PathBuf,
+        /// The table.
+        table: &'static str,
+        /// The row's id.
+        row: String,
+        /// The column.
+        column: &'static str,
+        /// What is wrong with the value.
+        message: String,
+    },
 }
 
 /// The schema, one migration per version (written once for both backends: SQLite type names,
@@ -154,10 +171,21 @@ pub struct PromotionRow {
     pub incumbent_version: Option<i64>,
     /// The version written (None when refused).
     pub version: Option<i64>,
-    /// `promoted` or `refused`.
-    pub decision: String,
-    /// The numbers: checks, measurements, gates (JSON).
-    pub details: serde_json::Value,
+    /// Promoted, refused, nothing to do, or (while its version is being installed, or when
+    /// that failed) installing, abandoned.
+    pub decision: PromotionDecision,
+    /// The numbers: checks, measurements, gates, the promoter's process (serialised with its
+    /// keys in alphabetical order, as stored).
+    #[serde(serialize_with = "sorted_keys")]
+    pub details: PromotionDetails,
+}
+
+/// A record serialised as a JSON object with its keys in alphabetical order (what the
+/// registry stores and `kiln runs promotions --json` has always printed).
+fn sorted_keys<T: Serialize, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    serde_json::to_value(v)
+        .map_err(serde::ser::Error::custom)?
+        .serialize(s)
 }
 
 /// A run as stored.
@@ -167,8 +195,8 @@ pub struct RunRow {
     pub id: String,
     /// Config name.
     pub name: String,
-    /// running / finished / failed / killed.
-    pub status: String,
+    /// Running, finished, failed or killed.
+    pub status: RunState,
     /// Why it failed or was killed.
     pub reason: Option<String>,
     /// Host that ran it.
@@ -193,14 +221,14 @@ pub struct RunRow {
     pub param_count: Option<i64>,
     /// Export directory.
     pub artifact_path: Option<String>,
-    /// Versions, CPU, threads, backend, device (JSON).
-    pub environment: Option<serde_json::Value>,
-    /// Final metrics (JSON).
-    pub final_metrics: Option<serde_json::Value>,
+    /// Versions, CPU, threads, backend, device.
+    pub environment: Option<RunEnvironment>,
+    /// Final metrics (the exported checkpoint's manifest's).
+    pub final_metrics: Option<ManifestMetrics>,
     /// The validation metric used for right-sizing (stage-1 best validation loss).
     pub val_metric: Option<f64>,
-    /// Latency measurements (JSON).
-    pub latency: Option<serde_json::Value>,
+    /// Latency measurements.
+    pub latency: Option<LatencyReport>,
     /// Batch-1 median latency, µs.
     pub latency_b1_p50_us: Option<f64>,
     /// Batch-128 median latency, µs.
@@ -271,8 +299,12 @@ impl Heartbeat {
                     }
                     let beat = db.as_ref().map_err(|e| e.to_string()).and_then(|db| {
                         db.execute(
-                            "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1 AND status = 'running'",
-                            &[run_id.as_str().into(), crate::util::unix_now().into()],
+                            "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1 AND status = ?3",
+                            &[
+                                run_id.as_str().into(),
+                                crate::util::unix_now().into(),
+                                RunState::Running.as_str().into(),
+                            ],
                         )
                         .map_err(|e| e.to_string())
                     });
@@ -334,10 +366,6 @@ fn seconds(v: Option<f64>) -> f64 {
 /// A record as the JSON text of a registry column.
 fn json_text<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("a record serialises")
-}
-
-fn json_col(v: Option<String>) -> Option<serde_json::Value> {
-    v.and_then(|s| serde_json::from_str(&s).ok())
 }
 
 impl Registry {
@@ -487,8 +515,8 @@ impl Registry {
     pub fn reap_stale_at(&self, now: f64, timeout: Duration) -> Result<usize, RegistryError> {
         let host = hostname();
         let rows = self.query(
-            "SELECT id, host, pid, pid_start, heartbeat_at, run_dir FROM runs WHERE status = 'running'",
-            &[],
+            "SELECT id, host, pid, pid_start, heartbeat_at, run_dir FROM runs WHERE status = ?1",
+            &[RunState::Running.as_str().into()],
         )?;
         let mut n = 0;
         for row in rows {
@@ -525,12 +553,14 @@ impl Registry {
                     }
                 }
                 n += self.execute(
-                    "UPDATE runs SET status = 'killed', reason = ?2, ended_at = ?3
-                     WHERE id = ?1 AND status = 'running'",
+                    "UPDATE runs SET status = ?4, reason = ?2, ended_at = ?3
+                     WHERE id = ?1 AND status = ?5",
                     &[
                         id.into(),
                         reason.into(),
                         crate::util::rfc3339(crate::util::unix_now()).into(),
+                        RunState::Killed.as_str().into(),
+                        RunState::Running.as_str().into(),
                     ],
                 )?;
             }
@@ -545,8 +575,8 @@ impl Registry {
         self.execute(
             "INSERT INTO runs (id, name, status, host, pid, pid_start, started_at, run_dir,
                                config_text, config_sha256, git_commit, environment, heartbeat_at)
-             VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
-             ON CONFLICT(id) DO UPDATE SET status = 'running', reason = NULL, ended_at = NULL,
+             VALUES (?1, ?2, ?13, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+             ON CONFLICT(id) DO UPDATE SET status = excluded.status, reason = NULL, ended_at = NULL,
                  host = excluded.host, pid = excluded.pid, pid_start = excluded.pid_start,
                  heartbeat_at = excluded.heartbeat_at",
             &[
@@ -560,8 +590,9 @@ impl Registry {
                 r.config_text.into(),
                 r.config_sha256.into(),
                 git_commit().into(),
-                r.environment.to_string().into(),
+                r.environment.to_json_line().into(),
                 crate::util::unix_now().into(),
+                RunState::Running.as_str().into(),
             ],
         )?;
         let mut hb = self.heartbeat.lock().unwrap_or_else(|p| p.into_inner());
@@ -637,12 +668,54 @@ impl Registry {
         Ok(())
     }
 
-    fn row(r: &[Value]) -> RunRow {
+    /// A JSON column as its record: absent when NULL; absent too, with a warning naming the
+    /// table, row and column, when it does not parse as one (earlier releases read such a
+    /// value as absent, silently).
+    fn json_column<T: serde::de::DeserializeOwned>(
+        &self,
+        text: Option<String>,
+        table: &str,
+        row: &str,
+        column: &str,
+    ) -> Option<T> {
+        let text = text?;
+        match serde_json::from_str(&text) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(
+                    "registry {}: table {table}, row {row}, column {column}: {e} (read as absent)",
+                    self.path.display()
+                );
+                None
+            }
+        }
+    }
+
+    /// A stored word (a status, a decision) as its type.
+    fn word<T: std::str::FromStr<Err = String>>(
+        &self,
+        text: Option<String>,
+        table: &'static str,
+        row: &str,
+        column: &'static str,
+    ) -> Result<T, RegistryError> {
+        text.unwrap_or_default()
+            .parse()
+            .map_err(|message| RegistryError::Unreadable {
+                path: self.path.clone(),
+                table,
+                row: row.to_string(),
+                column,
+                message,
+            })
+    }
+
+    fn row(&self, r: &[Value]) -> Result<RunRow, RegistryError> {
         let text = |i: usize| r[i].text();
-        RunRow {
-            id: text(0).unwrap_or_default(),
+        let id = text(0).unwrap_or_default();
+        Ok(RunRow {
             name: text(1).unwrap_or_default(),
-            status: text(2).unwrap_or_default(),
+            status: self.word(text(2), "runs", &id, "status")?,
             reason: text(3),
             host: text(4).unwrap_or_default(),
             pid: r[5].int().unwrap_or(0),
@@ -655,26 +728,26 @@ impl Registry {
             dataset_sha256: text(12),
             param_count: r[13].int(),
             artifact_path: text(14),
-            environment: json_col(text(15)),
-            final_metrics: json_col(text(16)),
+            environment: self.json_column(text(15), "runs", &id, "environment"),
+            final_metrics: self.json_column(text(16), "runs", &id, "final_metrics"),
             val_metric: r[17].real(),
-            latency: json_col(text(18)),
+            latency: self.json_column(text(18), "runs", &id, "latency"),
             latency_b1_p50_us: r[19].real(),
             latency_b128_p50_us: r[20].real(),
             heartbeat_at: r[21].real(),
-        }
+            id,
+        })
     }
 
     /// All runs, oldest first.
     pub fn list(&self) -> Result<Vec<RunRow>, RegistryError> {
-        Ok(self
-            .query(
-                &format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY started_at, id"),
-                &[],
-            )?
-            .iter()
-            .map(|r| Self::row(r))
-            .collect())
+        self.query(
+            &format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY started_at, id"),
+            &[],
+        )?
+        .iter()
+        .map(|r| self.row(r))
+        .collect()
     }
 
     /// The run whose id is `id` or starts with it (unique prefix).
@@ -686,20 +759,20 @@ impl Registry {
             )?
             .first()
         {
-            return Ok(Self::row(r));
+            return self.row(r);
         }
         let escaped = id
             .replace('\\', "\\\\")
             .replace('%', "\\%")
             .replace('_', "\\_");
-        let rows: Vec<RunRow> = self
+        let rows = self
             .query(
                 &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id LIKE ?1 ESCAPE '\\' ORDER BY id"),
                 &[format!("{escaped}%").into()],
             )?
             .iter()
-            .map(|r| Self::row(r))
-            .collect();
+            .map(|r| self.row(r))
+            .collect::<Result<Vec<RunRow>, _>>()?;
         match rows.len() {
             0 => Err(RegistryError::NotFound(id.to_string())),
             1 => Ok(rows.into_iter().next().expect("one")),
@@ -727,8 +800,8 @@ impl Registry {
                 p.run_id.as_deref().into(),
                 p.incumbent_version.into(),
                 p.version.into(),
-                (&p.decision).into(),
-                p.details.to_string().into(),
+                p.decision.as_str().into(),
+                p.details.to_json_text().into(),
             ],
         )?;
         Ok(rows
@@ -743,16 +816,16 @@ impl Registry {
     pub fn settle_promotion(
         &self,
         id: i64,
-        decision: &str,
+        decision: PromotionDecision,
         version: Option<i64>,
-        details: &serde_json::Value,
+        details: &PromotionDetails,
     ) -> Result<(), RegistryError> {
         self.execute(
             "UPDATE promotions SET decision = ?1, version = ?2, details = ?3 WHERE id = ?4",
             &[
-                decision.into(),
+                decision.as_str().into(),
                 version.into(),
-                details.to_string().into(),
+                details.to_json_text().into(),
                 id.into(),
             ],
         )?;
@@ -770,21 +843,26 @@ impl Registry {
             )?,
             None => self.query(&format!("{COLUMNS} ORDER BY id"), &[])?,
         };
-        Ok(rows
-            .iter()
-            .map(|r| PromotionRow {
-                id: r[0].int().unwrap_or(0),
-                at: r[1].text().unwrap_or_default(),
-                repository: r[2].text().unwrap_or_default(),
-                model: r[3].text().unwrap_or_default(),
-                candidate: r[4].text().unwrap_or_default(),
-                run_id: r[5].text(),
-                incumbent_version: r[6].int(),
-                version: r[7].int(),
-                decision: r[8].text().unwrap_or_default(),
-                details: json_col(r[9].text()).unwrap_or(serde_json::Value::Null),
+        rows.iter()
+            .map(|r| {
+                let id = r[0].int().unwrap_or(0);
+                let row = id.to_string();
+                Ok(PromotionRow {
+                    id,
+                    at: r[1].text().unwrap_or_default(),
+                    repository: r[2].text().unwrap_or_default(),
+                    model: r[3].text().unwrap_or_default(),
+                    candidate: r[4].text().unwrap_or_default(),
+                    run_id: r[5].text(),
+                    incumbent_version: r[6].int(),
+                    version: r[7].int(),
+                    decision: self.word(r[8].text(), "promotions", &row, "decision")?,
+                    details: self
+                        .json_column(r[9].text(), "promotions", &row, "details")
+                        .unwrap_or_default(),
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// A run's epochs in order.
@@ -897,7 +975,10 @@ mod tests {
             config_text: "name: t\n",
             config_sha256: "abc",
             started_at: "2026-11-29T00:00:00Z",
-            environment: serde_json::json!({"burn": "0.21.0"}),
+            environment: crate::records::RunEnvironment {
+                burn: "0.21.0".into(),
+                ..Default::default()
+            },
         }
     }
 
@@ -961,8 +1042,8 @@ mod tests {
         let r = reg.get("r-").unwrap();
         assert_eq!(r.status, "finished");
         assert_eq!(r.param_count, Some(3654));
-        assert_eq!(r.latency.unwrap()["batches"][0]["p50_us"], 1.5);
-        assert_eq!(r.environment.unwrap()["burn"], "0.21.0");
+        assert_eq!(r.latency.unwrap().batches[0].p50_us, 1.5);
+        assert_eq!(r.environment.unwrap().burn, "0.21.0");
         let epochs = reg.epochs("r-1").unwrap();
         assert_eq!(
             epochs,
@@ -1064,6 +1145,57 @@ mod tests {
             )
             .unwrap();
         assert_eq!(reg.reap_stale().unwrap(), 1);
+    }
+
+    #[test]
+    fn unreadable_values_are_named_or_read_as_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(&dir.path().join("runs.db")).unwrap();
+        reg.start_run(&new_run("r-1", dir.path())).unwrap();
+        // A JSON column that is not the record (here: a metric of the wrong type) reads as
+        // absent, as an unparsable one always did; the row still lists.
+        reg.db
+            .execute(
+                "UPDATE runs SET final_metrics = '{\"test\": {\"rows\": \"many\"}}',
+                     latency = 'not json' WHERE id = 'r-1'",
+                &[],
+            )
+            .unwrap();
+        let r = reg.get("r-1").unwrap();
+        assert!(r.final_metrics.is_none() && r.latency.is_none());
+        assert_eq!(r.environment.unwrap().burn, "0.21.0");
+        // A status this release does not know is an error naming the table, row and column.
+        reg.db
+            .execute("UPDATE runs SET status = 'paused' WHERE id = 'r-1'", &[])
+            .unwrap();
+        let e = reg.list().unwrap_err().to_string();
+        assert!(
+            e.contains("table runs, row r-1, column status") && e.contains("`paused`"),
+            "{e}"
+        );
+        // Likewise a promotion's decision.
+        let row = PromotionRow {
+            id: 0,
+            at: "2026-12-01T00:00:00Z".into(),
+            repository: "/models".into(),
+            model: "m".into(),
+            candidate: "/x".into(),
+            run_id: None,
+            incumbent_version: None,
+            version: None,
+            decision: PromotionDecision::Refused,
+            details: PromotionDetails::default(),
+        };
+        let id = reg.record_promotion(&row).unwrap();
+        assert_eq!(reg.promotions(None).unwrap(), [PromotionRow { id, ..row }]);
+        reg.db
+            .execute("UPDATE promotions SET decision = 'kept'", &[])
+            .unwrap();
+        let e = reg.promotions(None).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("table promotions, row {id}, column decision")),
+            "{e}"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod run_rows;
 
 pub use observer::{ObserverError, RunObserver};
 pub use run_dir::{RunDir, RunState, RunStatus};
-pub use run_rows::{NewRun, RunEnd};
+pub use run_rows::{NewRun, RunEnd, RunEnvironment};
 
 pub use kiln_model::records::{
     AUTO_ENGINE, AUTO_INT8_ENGINE, CPU_ENGINES, CUDA_ENGINES, EngineKind, EpochRecord, StepPhases,

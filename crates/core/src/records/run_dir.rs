@@ -56,7 +56,8 @@ impl RunState {
 
 impl std::fmt::Display for RunState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`: a width or alignment (`{:<9}` in tables) applies as to a string.
+        f.pad(self.as_str())
     }
 }
 
@@ -87,7 +88,7 @@ impl PartialEq<&str> for RunState {
 pub struct RunStatus {
     /// Run id.
     pub id: String,
-    /// `running`, `finished` or `failed`.
+    /// `running`, `finished`, `failed` or `killed`.
     pub status: RunState,
     /// Process id of the last process that worked on the run.
     pub pid: u32,
@@ -303,6 +304,8 @@ mod tests {
             );
         }
         assert!("done".parse::<RunState>().unwrap_err().contains("`done`"));
+        // A table's width applies to the word, as to a string.
+        assert_eq!(format!("{:<9}|", RunState::Failed), "failed   |");
     }
 
     #[test]

@@ -433,22 +433,25 @@ fn int8_accuracy(
 }
 
 /// The environment stored with each run: versions, CPU, threads, device, build features.
-pub fn environment(c: &crate::config::ExperimentConfig) -> serde_json::Value {
+pub fn environment(c: &crate::config::ExperimentConfig) -> crate::records::RunEnvironment {
     let d = crate::doctor::report();
-    serde_json::json!({
-        "kiln": d.kiln_version,
-        "burn": d.burn_version,
-        "rustc": d.rustc,
-        "target": d.target,
-        "cpu": d.cpu_model,
-        "cores": d.logical_cores,
-        "rayon_threads": d.rayon_threads,
-        "thread_env": d.thread_env,
-        "device": c.device,
-        "backend": c.backend,
-        "precision": c.precision,
-        "features": d.features,
-    })
+    // The config's words (`cpu`, `flex`, `f32`), as the config file spells them.
+    let word = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    crate::records::RunEnvironment {
+        kiln: d.kiln_version,
+        burn: d.burn_version,
+        rustc: d.rustc,
+        target: d.target,
+        cpu: d.cpu_model,
+        cores: d.logical_cores,
+        rayon_threads: d.rayon_threads,
+        thread_env: d.thread_env,
+        device: word(serde_json::json!(c.device)),
+        backend: word(serde_json::json!(c.backend)),
+        precision: word(serde_json::json!(c.precision)),
+        features: d.features,
+        other: Default::default(),
+    }
 }
 
 /// The end-of-run record of a finished run.

@@ -63,7 +63,7 @@ use super::{
     MAX_TAG_VALUE, MlflowError, QUERY_VALUE, escape_key, fit_name, flatten, now_ms, truncate_chars,
 };
 use crate::config::LoadedConfig;
-use crate::records::{EpochRecord, RunDir, RunEnd};
+use crate::records::{EpochRecord, RunDir, RunEnd, RunState};
 use crate::util;
 
 /// The file in a run directory that names its MLflow run.
@@ -1108,10 +1108,10 @@ impl Mirror {
         for (name, file) in artifact_files(&run.path, &self.profile_dir) {
             self.sender.push_until(Job::Upload { name, file }, deadline);
         }
-        let status = match end.status.as_str() {
-            "finished" => "FINISHED",
-            "killed" => "KILLED",
-            _ => "FAILED",
+        let status = match end.status {
+            RunState::Finished => "FINISHED",
+            RunState::Killed => "KILLED",
+            RunState::Running | RunState::Failed => "FAILED",
         };
         self.sender.push_until(Job::Status { status }, deadline);
         let drained = self.sender.drain_until(deadline);

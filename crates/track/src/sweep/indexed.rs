@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::{Member, SweepError, SweepReport, SweepSpec};
 use crate::RegistryObserver;
 use crate::config;
-use crate::records::RunDir;
+use crate::records::{RunDir, RunState};
 use crate::registry::Registry;
 use crate::run::{RunOptions, TrainingRun};
 
@@ -140,14 +140,14 @@ pub fn run_index(
         let dir_finished = dir
             .as_ref()
             .and_then(RunDir::read_status)
-            .is_some_and(|s| s.status == "finished");
-        match row.as_ref().map(|r| r.status.as_str()) {
-            Some("finished") => {
+            .is_some_and(|s| s.status == RunState::Finished);
+        match row.as_ref().map(|r| r.status) {
+            Some(RunState::Finished) => {
                 return Ok(IndexOutcome::AlreadyFinished {
                     run_id: c.run_id.clone(),
                 });
             }
-            Some("running") => {
+            Some(RunState::Running) => {
                 let r = row.as_ref().expect("a row");
                 return Err(SweepError::Busy(format!(
                     "sweep {} index {index} is being run by {} (process {} on {}); it is reaped as killed once its process is gone (same host) or its heartbeat is older than {} s",
@@ -233,7 +233,7 @@ pub fn summarize(
         match reg.sweep_member(&plan.sweep_id, p.index)? {
             None => m.error = Some("not run yet".into()),
             Some(c) => match reg.get(&c.run_id) {
-                Ok(r) if r.status == "finished" => {
+                Ok(r) if r.status == RunState::Finished => {
                     m.run_id = Some(r.id.clone());
                     m.params = r.param_count;
                     m.val_metric = r.val_metric;
