@@ -352,6 +352,76 @@ async fn every_rpc_answers_like_its_http_route() {
     h.shutdown().await.unwrap();
 }
 
+/// The service builds each answer once, as one of its records; the HTTP answer and the gRPC
+/// message, each read back into that record (`kiln::serve::records`, as the load generator
+/// reads them), agree on everything the protobuf carries: the model configuration, the
+/// metadata and the statistics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_transports_answer_the_same_records() {
+    use kiln::serve::records::{ModelConfig, ModelMetadata, StatsResponse};
+    let repo = crate::common::repository_of(trained());
+    let h = serve(config(repo.path())).await;
+    let mut g = grpc(&h).await;
+    let mut c = http(&h);
+
+    let http_cfg: ModelConfig = c
+        .get("/v2/models/tiny/config")
+        .await
+        .unwrap()
+        .record()
+        .unwrap();
+    let p = g
+        .model_config(pb::ModelConfigRequest {
+            name: "tiny".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .expect("a config");
+    assert_eq!(http_cfg.kiln.features().len(), F);
+    assert_eq!(http_cfg.version, 1);
+    // Protobuf has no field for the threads per instance, the engine choice or the version.
+    let mut want = http_cfg.clone();
+    want.engine_choice = None;
+    want.version = 0;
+    for group in &mut want.instance_group {
+        group.threads = 0;
+    }
+    assert_eq!(ModelConfig::from(&p), want);
+
+    let http_meta: ModelMetadata = c.get("/v2/models/tiny").await.unwrap().record().unwrap();
+    let grpc_meta = ModelMetadata::from(
+        g.model_metadata(pb::ModelMetadataRequest {
+            name: "tiny".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner(),
+    );
+    // Nor for a tensor's parameters.
+    let mut want = http_meta.clone();
+    for t in want.inputs.iter_mut().chain(want.outputs.iter_mut()) {
+        t.parameters.clear();
+    }
+    assert_eq!(grpc_meta, want);
+    assert_eq!(http_meta.inputs[0].shape, [-1, F as i64]);
+
+    // No request runs between the two reads.
+    let http_stats: StatsResponse = c.get("/v2/models/stats").await.unwrap().record().unwrap();
+    let grpc_stats = StatsResponse::from(
+        &g.model_statistics(pb::ModelStatisticsRequest::default())
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert_eq!(grpc_stats, http_stats);
+    assert_eq!(http_stats.model_stats.len(), 1);
+    h.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_and_http_answers_are_bit_identical_raw_and_typed() {
     let repo = crate::common::repository_of(trained());

@@ -155,14 +155,25 @@ impl HttpResponse {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The body as JSON (`Null` when it is not JSON).
-    pub fn json(&self) -> serde_json::Value {
+    /// The JSON part of the body (all of it, unless `Inference-Header-Content-Length` says
+    /// less).
+    fn json_part(&self) -> &[u8] {
         let n = self
             .header(kiln_serve::protocol::HEADER_LENGTH)
             .and_then(|v| v.parse().ok())
             .unwrap_or(self.body.len());
-        serde_json::from_slice(&self.body[..n.min(self.body.len())])
-            .unwrap_or(serde_json::Value::Null)
+        &self.body[..n.min(self.body.len())]
+    }
+
+    /// The body as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(self.json_part()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The body read into one of the server's records (`kiln_serve::records`: metadata, the
+    /// model configuration, statistics), or why it is not one.
+    pub fn record<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(self.json_part())
     }
 
     /// The body as text.

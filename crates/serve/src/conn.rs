@@ -85,8 +85,8 @@ impl Default for ConnectionConfig {
 
 impl ConnectionConfig {
     /// Checks the ranges; the message names the flag.
-    pub fn validate(&self) -> Result<(), super::ServeError> {
-        self.check().map_err(super::ServeError::Config)
+    pub fn validate(&self) -> Result<(), crate::error::ServeError> {
+        self.check().map_err(crate::error::ServeError::Config)
     }
 
     fn check(&self) -> Result<(), String> {

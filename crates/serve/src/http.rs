@@ -1,17 +1,20 @@
-//! The HTTP layer: Open Inference Protocol v2 routes on axum. It resolves models in the
-//! repository, parses and decodes requests, hands them to a version's batcher and encodes
-//! the answer; it holds no batching logic.
+//! The HTTP transport: Open Inference Protocol v2 routes on axum, a thin adapter over the
+//! transport-neutral [`Service`]. An inference reads the body within its limits and hands the
+//! service its parser (JSON or the binary extension) and encoder; every other route answers
+//! one of the service's [`records`](crate::records) as JSON. It holds no batching, lookup or
+//! statistics logic.
 //!
 //! Status codes: 400 bad request, 404 unknown model, version or route, 405 wrong method,
 //! 408 body not received in time, 413 body over the limit, 500 engine failure, 503 not
 //! ready, queue full or timed out. Every error body is `{"error": "..."}`: the answers of
 //! axum's own extractors (a model name that is not UTF-8, say) are rewritten by
-//! [`json_errors`], and those hyper gives before any route runs by [`super::conn`].
+//! [`json_errors`], and those hyper gives before any route runs by [`conn`](crate::conn).
 //!
-//! Besides inference: Triton's statistics extension (`GET /v2/models[/{m}[/versions/{v}]]/stats`,
-//! answered by [`super::stats`]), the model repository extension (`POST /v2/repository/index`,
-//! `POST /v2/repository/models/{m}/load` and `/unload`, by the [`Repository`]) and on-demand
-//! profiling (`POST /v2/profile?duration_ms=…`, by [`super::live_profile`]). The repository
+//! Besides inference: Triton's statistics extension
+//! (`GET /v2/models[/{m}[/versions/{v}]]/stats`, answered by [`Service::statistics`]), the model
+//! repository extension (`POST /v2/repository/index`, `POST /v2/repository/models/{m}/load` and
+//! `/unload`, by the [`Repository`](crate::repository::Repository)) and on-demand
+//! profiling (`POST /v2/profile?duration_ms=…`, by [`live_profile`]). The repository
 //! and profiling routes are control endpoints: with `--control-token` they require
 //! `Authorization: Bearer <token>` (401 otherwise), without one they answer loopback clients
 //! only (403 otherwise); load and unload also need `--model-control-mode explicit` (400
@@ -27,18 +30,24 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::conn::PeerAddr;
-use super::protocol::{HEADER_LENGTH, InferRequest, encode_response};
-use super::repository::LoadedVersion;
-use super::service::{ErrorKind, Service, ServiceError, Transport};
+use crate::conn::{PeerAddr, is_body_timeout};
+use crate::infer::auto::{AUTO, PROMETHEUS_HEADER};
+use crate::live_profile::{self, ProfileError};
+use crate::model::buckets;
+use crate::observe::profiler::SortBy;
+use crate::otel::RequestTrace;
+use crate::protocol::{HEADER_LENGTH, InferRequest, bound_message, clip, encode_response};
+use crate::repository::LoadedVersion;
+use crate::service::{ErrorKind, LoadParameter, PROXY_HEADERS, Service, ServiceError, Transport};
 
 type Shared = State<Arc<Service>>;
 
 /// An error answer.
 pub fn error(status: StatusCode, msg: impl Into<String>) -> Response {
-    let msg = super::protocol::bound_message(msg.into());
+    let msg = bound_message(msg.into());
     (status, axum::Json(json!({"error": msg}))).into_response()
 }
 
@@ -68,6 +77,26 @@ fn failed(e: ServiceError) -> Response {
 
 fn ok_json(v: Value) -> Response {
     (StatusCode::OK, axum::Json(v)).into_response()
+}
+
+/// One of the service's [`records`](crate::records) as a JSON answer with `status` (through
+/// a `Value`: its keys come out sorted, as kiln's answers always had them).
+fn record<T: Serialize>(status: StatusCode, r: &T) -> Response {
+    match serde_json::to_value(r) {
+        Ok(v) => (status, axum::Json(v)).into_response(),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot write the answer: {e}"),
+        ),
+    }
+}
+
+/// A service answer: the record (200) or the error.
+fn answer<T: Serialize>(r: Result<T, ServiceError>) -> Response {
+    match r {
+        Ok(v) => record(StatusCode::OK, &v),
+        Err(e) => failed(e),
+    }
 }
 
 /// The router.
@@ -183,17 +212,8 @@ async fn ready(State(s): Shared) -> Response {
     }
 }
 
-async fn server_metadata() -> Response {
-    ok_json(json!({
-        "name": "kiln",
-        "version": env!("CARGO_PKG_VERSION"),
-        "extensions": [
-            "binary_tensor_data",
-            "model_configuration",
-            "statistics",
-            "model_repository",
-        ],
-    }))
+async fn server_metadata(State(s): Shared) -> Response {
+    record(StatusCode::OK, &s.server_metadata())
 }
 
 async fn metrics(State(s): Shared) -> Response {
@@ -212,12 +232,12 @@ async fn metrics(State(s): Shared) -> Response {
 /// `kiln_auto_engine_choice` lines for the models served on the `auto` engine.
 fn auto_engine_metrics(s: &Service) -> String {
     let cfg = s.repo.config();
-    if cfg.engine != crate::infer::auto::AUTO {
+    if cfg.engine != AUTO {
         return String::new();
     }
     let (threads, buckets) = (
         cfg.batcher.threads_per_instance,
-        super::model::buckets(cfg.batcher.max_batch_size),
+        buckets(cfg.batcher.max_batch_size),
     );
     let mut names = s.repo.names();
     names.sort();
@@ -236,18 +256,8 @@ fn auto_engine_metrics(s: &Service) -> String {
     if lines.is_empty() {
         lines
     } else {
-        format!("{}{lines}", crate::infer::auto::PROMETHEUS_HEADER)
+        format!("{}{lines}", PROMETHEUS_HEADER)
     }
-}
-
-fn metadata(lv: &LoadedVersion) -> Value {
-    json!({
-        "name": lv.model,
-        "versions": [lv.version.to_string()],
-        "platform": lv.spec.platform(),
-        "inputs": lv.spec.inputs.iter().map(|t| t.metadata()).collect::<Vec<_>>(),
-        "outputs": lv.spec.outputs.iter().map(|t| t.metadata()).collect::<Vec<_>>(),
-    })
 }
 
 async fn model_metadata(State(s): Shared, Path(name): Path<String>) -> Response {
@@ -259,10 +269,7 @@ async fn model_metadata_v(State(s): Shared, Path((name, v)): Path<(String, Strin
 }
 
 fn metadata_for(s: &Service, name: &str, v: Option<&str>) -> Response {
-    match s.lookup(name, v) {
-        Ok(lv) => ok_json(metadata(&lv)),
-        Err(e) => failed(e),
-    }
+    answer(s.model_metadata(name, v))
 }
 
 async fn model_ready(State(s): Shared, Path(name): Path<String>) -> Response {
@@ -274,22 +281,9 @@ async fn model_ready_v(State(s): Shared, Path((name, v)): Path<(String, String)>
 }
 
 fn ready_for(s: &Service, name: &str, v: Option<&str>) -> Response {
-    match s.lookup(name, v) {
-        Ok(_) => ok_json(json!({"name": name, "ready": true})),
-        // A model on disk that is not loaded (explicit mode, or unloaded) is known and not
-        // ready, as in Triton: not 404.
-        Err(e) if e.kind == ErrorKind::NotFound && v.is_none() && s.repo.on_disk(name) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"name": name, "ready": false, "error": format!(
-                "model `{name}` is in the repository but not loaded"
-            )})),
-        )
-            .into_response(),
-        Err(e) if e.kind == ErrorKind::Unavailable => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"name": name, "ready": false, "error": e.message})),
-        )
-            .into_response(),
+    match s.model_readiness(name, v) {
+        Ok(r) if r.ready => record(StatusCode::OK, &r),
+        Ok(r) => record(StatusCode::SERVICE_UNAVAILABLE, &r),
         Err(e) => failed(e),
     }
 }
@@ -335,40 +329,7 @@ fn drift_for(s: &Service, name: &str, v: Option<&str>) -> Response {
 }
 
 fn config_for(s: &Service, name: &str, v: Option<&str>) -> Response {
-    let lv = match s.lookup(name, v) {
-        Ok(x) => x,
-        Err(e) => return failed(e),
-    };
-    let cfg = s.repo.config();
-    let b = &cfg.batcher;
-    ok_json(json!({
-        "name": lv.model,
-        "platform": lv.spec.platform(),
-        "backend": "kiln",
-        "version_policy": {"latest": {"num_versions": 1}},
-        "max_batch_size": b.max_batch_size,
-        "input": lv.spec.inputs.iter().map(|t| t.config()).collect::<Vec<_>>(),
-        "output": lv.spec.outputs.iter().map(|t| t.config()).collect::<Vec<_>>(),
-        "dynamic_batching": {
-            "batching": b.policy.name(),
-            "max_queue_delay_microseconds": b.max_queue_delay.as_micros() as u64,
-            "preferred_batch_size": super::model::buckets(b.max_batch_size),
-            "default_queue_policy": {
-                "max_queue_size": b.max_queue_size,
-                "default_timeout_microseconds": s.request_timeout.as_micros() as u64,
-            },
-        },
-        "instance_group": [{"count": b.instances, "kind": "KIND_CPU", "threads": b.threads_per_instance}],
-        "engine": cfg.engine,
-        "engine_choice": (cfg.engine == crate::infer::auto::AUTO)
-            .then(|| {
-                let buckets = super::model::buckets(b.max_batch_size);
-                lv.spec.auto_choice(b.threads_per_instance, &buckets)
-            })
-            .flatten(),
-        "version": lv.version,
-        "kiln": lv.spec.describe(),
-    }))
+    answer(s.model_config(name, v))
 }
 
 async fn infer(
@@ -411,9 +372,7 @@ async fn read_body(s: &Service, headers: &HeaderMap, body: Body) -> Result<Bytes
     match Limited::new(body, s.max_body_bytes).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(too_big(None)),
-        Err(e) if super::conn::is_body_timeout(&*e) => {
-            Err(error(StatusCode::REQUEST_TIMEOUT, e.to_string()))
-        }
+        Err(e) if is_body_timeout(&*e) => Err(error(StatusCode::REQUEST_TIMEOUT, e.to_string())),
         Err(e) => Err(error(
             StatusCode::BAD_REQUEST,
             format!("cannot read the request body: {e}"),
@@ -473,7 +432,7 @@ async fn infer_traced(
     version: Option<&str>,
     headers: &HeaderMap,
     body: Body,
-    trace: Option<&crate::otel::RequestTrace>,
+    trace: Option<&RequestTrace>,
 ) -> Response {
     let body = match read_body(s, headers, body).await {
         Ok(b) => b,
@@ -491,7 +450,7 @@ async fn infer_traced(
         if let Some(enc) = encoding {
             return Err(format!(
                 "Content-Encoding {} is not supported; send an uncompressed body",
-                super::protocol::clip(&enc)
+                clip(&enc)
             ));
         }
         InferRequest::parse(body, hlen.as_deref()).map_err(|e| e.0)
@@ -529,10 +488,7 @@ async fn infer_traced(
 }
 
 fn stats_for(s: &Service, name: Option<&str>, version: Option<&str>) -> Response {
-    match super::stats::model_stats(&s.repo, name, version) {
-        Ok(r) => ok_json(serde_json::to_value(r).unwrap_or(Value::Null)),
-        Err(e) => failed(e.into()),
-    }
+    answer(s.statistics(name, version))
 }
 
 async fn stats_all(State(s): Shared) -> Response {
@@ -558,9 +514,7 @@ fn refused(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let peer = ext.get::<PeerAddr>().map(|PeerAddr(p)| p.ip());
-    let proxied = super::service::PROXY_HEADERS
-        .into_iter()
-        .find(|h| headers.contains_key(*h));
+    let proxied = PROXY_HEADERS.into_iter().find(|h| headers.contains_key(*h));
     s.authorize_control(given, peer, proxied, Transport::Http)
         .err()
         .map(|e| Box::new(failed(e)))
@@ -624,8 +578,8 @@ async fn repository_load(
                     .iter()
                     .map(|(k, v)| {
                         let p = match v {
-                            Value::String(t) => super::service::LoadParameter::Text(t.clone()),
-                            other => super::service::LoadParameter::Other(other.to_string()),
+                            Value::String(t) => LoadParameter::Text(t.clone()),
+                            other => LoadParameter::Other(other.to_string()),
                         };
                         (k.clone(), p)
                     })
@@ -635,7 +589,7 @@ async fn repository_load(
                         StatusCode::BAD_REQUEST,
                         format!(
                             "`parameters` of a load request must be an object, not {}",
-                            super::protocol::clip(&other.to_string())
+                            clip(&other.to_string())
                         ),
                     );
                 }
@@ -693,7 +647,6 @@ async fn profile(
     ext: axum::http::Extensions,
     query: Result<Query<ProfileQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    use super::live_profile::{self, ProfileError};
     if let Some(r) = refused(&s, &headers, &ext) {
         return *r;
     }
@@ -732,7 +685,7 @@ async fn profile(
                 s.profile_max_events
             )),
             "duration_ms": ms,
-            "table": p.outputs.averages.table(crate::observe::profiler::SortBy::Total, 30),
+            "table": p.outputs.averages.table(SortBy::Total, 30),
         })),
         Err(e @ ProfileError::Busy) => error(StatusCode::CONFLICT, e.to_string()),
         Err(e @ ProfileError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),

@@ -535,52 +535,6 @@ impl LatencyWatch {
     }
 }
 
-/// Set up the drift monitor and the latency watch of a version being loaded, from what its
-/// checkpoint carries (older checkpoints without sketches or latency get neither; a note
-/// says so). Pick models are not watched.
-pub fn attach(
-    vm: &crate::metrics::VersionMetrics,
-    spec: &crate::model::ModelSpec,
-    config: &WatchConfig,
-    engine: &str,
-    buckets: &[usize],
-    label: &str,
-) {
-    let crate::model::ModelKind::Regression(ckpt) = &spec.kind else {
-        return;
-    };
-    let m = &ckpt.manifest;
-    let pre = m.input_preprocessing();
-    match m
-        .drift
-        .clone()
-        .filter(|_| config.drift)
-        .map(|d| d.bind(&pre))
-    {
-        None if !config.drift => tracing::info!("{label}: drift monitoring off (--no-drift-watch)"),
-        Some(Ok(reference)) => {
-            let _ = vm.drift.set(DriftMonitor::new(
-                reference,
-                pre.n_features(),
-                m.target_names(),
-                config,
-            ));
-        }
-        Some(Err(e)) => tracing::warn!("{label}: drift monitoring off: {e}"),
-        None => tracing::info!(
-            "{label}: drift monitoring off: the checkpoint has no training sketches (exported by an older kiln)"
-        ),
-    }
-    let report = m.latency.clone();
-    let serving = format!("{engine} ({})", kiln_model::simd::Isa::detect().name());
-    match report.and_then(|r| LatencyWatch::new(&r, buckets, serving, label.to_string(), config)) {
-        Some(w) => {
-            let _ = vm.latency.set(w);
-        }
-        None => tracing::info!("{label}: latency watch off: the checkpoint records no latency"),
-    }
-}
-
 fn median(v: impl Iterator<Item = f64>) -> f64 {
     let mut v: Vec<f64> = v.collect();
     let mid = v.len() / 2;

@@ -35,7 +35,7 @@ use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
 };
 
-use super::ServeError;
+use crate::error::ServeError;
 
 /// Tracing settings.
 #[derive(Debug, Clone, PartialEq)]

@@ -13,10 +13,26 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::batcher::BatchTiming;
-use super::metrics::{Dropped, VersionMetrics};
-use super::model::ModelInput;
-use super::protocol::OutputTensor;
+use crate::metrics::{Dropped, VersionMetrics};
+use crate::model::ModelInput;
+use crate::protocol::OutputTensor;
+
+/// When and how a request's batch ran (for its trace spans).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchTiming {
+    /// The batch left the queue (for a request run at once: when it claimed the instance).
+    pub taken: Instant,
+    /// The engine started.
+    pub compute_start: Instant,
+    /// The engine returned.
+    pub compute_end: Instant,
+    /// Rows in the batch.
+    pub rows: usize,
+    /// Requests in the batch.
+    pub requests: usize,
+    /// The instance that ran it.
+    pub instance: usize,
+}
 
 /// A job's answer: its outputs and how its batch ran, or the engine's error.
 pub(crate) type Answer = Result<(Vec<OutputTensor>, BatchTiming), String>;

@@ -29,9 +29,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::batcher::{Batcher, BatcherConfig};
-use super::metrics::{Metrics, ModelMetrics, VersionMetrics};
-use super::model::{LoadError, ModelSpec, build_instance, load_spec};
+use crate::batcher::{Batcher, BatcherConfig};
+use crate::metrics::{Metrics, ModelMetrics, VersionMetrics};
+use crate::model::{LoadError, ModelKind, ModelSpec, build_instance, load_spec};
+use crate::monitor::{DriftMonitor, LatencyWatch, WatchConfig};
 
 /// Repository settings.
 #[derive(Debug, Clone)]
@@ -43,7 +44,7 @@ pub struct RepositoryConfig {
     /// Batching and instances.
     pub batcher: BatcherConfig,
     /// Drift and latency watch settings.
-    pub watch: crate::monitor::WatchConfig,
+    pub watch: WatchConfig,
 }
 
 /// How models get loaded (Triton's `--model-control-mode`).
@@ -89,7 +90,7 @@ impl std::str::FromStr for ModelControlMode {
     }
 }
 
-/// What kind of failure a repository or statistics request met (each protocol maps it to
+/// What kind of failure a repository request met (each protocol maps it to
 /// its own status: HTTP 404/400/503, gRPC NOT_FOUND/INVALID_ARGUMENT/UNAVAILABLE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RepoErrorKind {
@@ -103,7 +104,7 @@ pub enum RepoErrorKind {
     LoadFailed,
 }
 
-/// A failed repository or statistics request.
+/// A failed repository request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct RepoError {
@@ -305,7 +306,7 @@ impl Repository {
                 RepoErrorKind::InvalidArgument,
                 format!(
                     "`{}` is not a model name (a directory of the repository)",
-                    super::protocol::clip(name)
+                    crate::protocol::clip(name)
                 ),
             ));
         }
@@ -315,7 +316,7 @@ impl Repository {
                 RepoErrorKind::NotFound,
                 format!(
                     "model `{}` is not in the repository: {} has no directory of that name",
-                    super::protocol::clip(name),
+                    crate::protocol::clip(name),
                     self.config.root.display()
                 ),
             ));
@@ -410,7 +411,7 @@ impl Repository {
                 RepoErrorKind::NotFound,
                 format!(
                     "model `{}` is neither loaded nor in the repository",
-                    super::protocol::clip(name)
+                    crate::protocol::clip(name)
                 ),
             ));
         };
@@ -725,18 +726,18 @@ impl Repository {
         let engine = self.config.engine.clone();
         let threads = self.config.batcher.threads_per_instance;
         let spec_for = spec.clone();
-        let buckets = super::model::buckets(self.config.batcher.max_batch_size);
+        let buckets = crate::model::buckets(self.config.batcher.max_batch_size);
         let factory = Arc::new(move || build_instance(&spec_for, &engine, threads, &buckets));
         let mm = self.metrics.model(model);
         // Statistics are cumulative since load (as Triton's): a version loaded again starts
         // from zero. The version being loaded is never the one serving.
         let vm = mm.fresh_version(version);
-        crate::monitor::attach(
+        attach_watches(
             &vm,
             &spec,
             &self.config.watch,
             &self.config.engine,
-            &super::model::buckets(self.config.batcher.max_batch_size),
+            &crate::model::buckets(self.config.batcher.max_batch_size),
             &format!("model `{model}` version {version}"),
         );
         let batcher = Batcher::start(
@@ -755,5 +756,51 @@ impl Repository {
             metrics: vm,
             ready_at: SystemTime::now(),
         })
+    }
+}
+
+/// Set up the drift monitor and the latency watch of a version being loaded, from what its
+/// checkpoint carries (older checkpoints without sketches or latency get neither; a note
+/// says so). Pick models are not watched.
+fn attach_watches(
+    vm: &VersionMetrics,
+    spec: &ModelSpec,
+    config: &WatchConfig,
+    engine: &str,
+    buckets: &[usize],
+    label: &str,
+) {
+    let ModelKind::Regression(ckpt) = &spec.kind else {
+        return;
+    };
+    let m = &ckpt.manifest;
+    let pre = m.input_preprocessing();
+    match m
+        .drift
+        .clone()
+        .filter(|_| config.drift)
+        .map(|d| d.bind(&pre))
+    {
+        None if !config.drift => tracing::info!("{label}: drift monitoring off (--no-drift-watch)"),
+        Some(Ok(reference)) => {
+            let _ = vm.drift.set(DriftMonitor::new(
+                reference,
+                pre.n_features(),
+                m.target_names(),
+                config,
+            ));
+        }
+        Some(Err(e)) => tracing::warn!("{label}: drift monitoring off: {e}"),
+        None => tracing::info!(
+            "{label}: drift monitoring off: the checkpoint has no training sketches (exported by an older kiln)"
+        ),
+    }
+    let report = m.latency.clone();
+    let serving = format!("{engine} ({})", kiln_model::simd::Isa::detect().name());
+    match report.and_then(|r| LatencyWatch::new(&r, buckets, serving, label.to_string(), config)) {
+        Some(w) => {
+            let _ = vm.latency.set(w);
+        }
+        None => tracing::info!("{label}: latency watch off: the checkpoint records no latency"),
     }
 }

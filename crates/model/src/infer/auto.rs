@@ -40,7 +40,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::int8::{INT8_ABS_TOL, INT8_REL_TOL};
 use super::{Engine, FusedEngine, HeadOutput, InferError, Int8Engine, check_shape};
@@ -78,7 +78,7 @@ pub const SELECTION_BUDGET: Duration = Duration::from_millis(300);
 pub const PROBE_ROWS: usize = 255;
 
 /// One bucket's choice.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BucketChoice {
     /// The bucket (rows per call it was timed at).
     pub batch: usize,
@@ -92,7 +92,7 @@ pub struct BucketChoice {
 }
 
 /// What `auto` chose, and from what.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AutoChoice {
     /// Candidates that were timed, in order (`fused` first).
     pub candidates: Vec<String>,

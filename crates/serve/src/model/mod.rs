@@ -26,11 +26,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::protocol::{Datatype, InputTensor, OutputTensor, ProtocolError};
 use crate::artifact::{ArtifactError, Checkpoint};
 use crate::infer::InferError;
+use crate::protocol::{Datatype, InputTensor, OutputTensor, ProtocolError};
+use crate::records::{ConfigTensor, ModelDescription, TensorMetadata};
 use kiln_model::model::mvn::{Leg, MvnError};
 
 pub mod pick;
@@ -95,19 +96,23 @@ impl TensorSpec {
         }
     }
 
-    /// OIP metadata JSON.
-    pub fn metadata(&self) -> Value {
-        let mut v =
-            json!({"name": self.name, "datatype": self.datatype.name(), "shape": self.shape});
-        if !self.parameters.is_empty() {
-            v["parameters"] = Value::Object(self.parameters.clone());
+    /// As the model metadata lists it.
+    pub fn metadata(&self) -> TensorMetadata {
+        TensorMetadata {
+            name: self.name.clone(),
+            datatype: self.datatype.name().to_string(),
+            shape: self.shape.clone(),
+            parameters: self.parameters.clone(),
         }
-        v
     }
 
-    /// Triton model-configuration JSON (dims without the batch dimension).
-    pub fn config(&self) -> Value {
-        json!({"name": self.name, "data_type": self.datatype.config_name(), "dims": &self.shape[1..]})
+    /// As the model configuration lists it (dims without the batch dimension).
+    pub fn config(&self) -> ConfigTensor {
+        ConfigTensor {
+            name: self.name.clone(),
+            data_type: self.datatype.config_name(),
+            dims: self.shape.get(1..).unwrap_or_default().to_vec(),
+        }
     }
 }
 
@@ -199,11 +204,12 @@ impl ModelSpec {
         }
     }
 
-    /// Extra model-configuration fields (feature names and normalisation, targets, …).
-    pub fn describe(&self) -> Value {
+    /// kiln's description of the model in its configuration (feature names and
+    /// normalisation, targets, …).
+    pub fn describe(&self) -> ModelDescription {
         match &self.kind {
-            ModelKind::Regression(c) => regression::describe(c),
-            ModelKind::Pick(p) => pick::describe(p),
+            ModelKind::Regression(c) => ModelDescription::Regression(regression::describe(c)),
+            ModelKind::Pick(p) => ModelDescription::Pick(pick::describe(p)),
         }
     }
 

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{
     FEATURES_INPUT, Instance, InstanceError, LoadError, ModelInput, ModelKind, ModelSpec,
@@ -17,6 +17,7 @@ use crate::artifact::Checkpoint;
 use crate::infer::build_engine;
 use crate::predict::Predictor;
 use crate::protocol::{Datatype, InputTensor, OutputData, OutputTensor, ProtocolError};
+use crate::records::PickDescription;
 use kiln_model::model::mvn::{HaltonMvnCdf, Leg, PickResult, Side, pick_probabilities, pick_query};
 
 /// The float inputs of a pick whose legs carry moments, in input order.
@@ -71,18 +72,23 @@ impl ModelSpec {
 }
 
 /// The model-configuration fields of a pick model.
-pub(super) fn describe(p: &PickModel) -> Value {
-    json!({
-        "targets": p.targets,
-        "target_corr": p.corr.target_corr,
-        "cross_row_corr": p.corr.cross_row_corr,
-        "points": p.estimator.points,
-        "randomizations": p.estimator.randomizations,
-        "method": p.estimator.method.name(),
-        "max_legs": p.estimator.max_dim,
-        "legs_from": if p.network.is_some() { "features" } else { "moments" },
-        "features": p.network.as_ref().map(|n| &n.manifest.features),
-    })
+pub(super) fn describe(p: &PickModel) -> PickDescription {
+    PickDescription {
+        targets: p.targets.clone(),
+        target_corr: p.corr.target_corr.clone(),
+        cross_row_corr: p.corr.cross_row_corr.clone(),
+        points: p.estimator.points,
+        randomizations: p.estimator.randomizations,
+        method: p.estimator.method.name().to_string(),
+        max_legs: p.estimator.max_dim,
+        legs_from: if p.network.is_some() {
+            "features"
+        } else {
+            "moments"
+        }
+        .to_string(),
+        features: p.network.as_ref().map(|n| n.manifest.features.clone()),
+    }
 }
 
 /// Check a request's inputs (in model order) against the pick model and decode the picks.

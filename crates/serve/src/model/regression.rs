@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{
     FEATURES_INPUT, Instance, InstanceError, LoadError, ModelInput, ModelKind, ModelSpec,
@@ -19,6 +19,7 @@ use crate::artifact::Checkpoint;
 use crate::infer::build_engine;
 use crate::predict::{Prediction, Predictor};
 use crate::protocol::{Datatype, InputTensor, OutputData, OutputTensor, ProtocolError};
+use crate::records::RegressionDescription;
 
 /// How `mean` and `std` relate to the network's outputs (the `convention` parameter of both
 /// outputs in the model metadata; the README's *Output convention*).
@@ -102,15 +103,16 @@ impl ModelSpec {
 }
 
 /// The model-configuration fields of a regression model.
-pub(super) fn describe(c: &Checkpoint) -> Value {
-    json!({
-        "features": c.manifest.features,
-        "preprocessing": c.manifest.preprocessing.as_ref().map(|p| &p.inputs),
-        "targets": c.manifest.targets,
-        "architecture": c.manifest.architecture,
-        "weights_sha256": c.manifest.weights.sha256,
-        "run_id": c.manifest.run_id,
-    })
+pub(super) fn describe(c: &Checkpoint) -> RegressionDescription {
+    let m = &c.manifest;
+    RegressionDescription {
+        features: m.features.clone(),
+        preprocessing: m.preprocessing.as_ref().map(|p| p.inputs.clone()),
+        targets: m.targets.clone(),
+        architecture: m.architecture.clone(),
+        weights_sha256: m.weights.sha256.clone(),
+        run_id: m.run_id.clone(),
+    }
 }
 
 /// Decode one input per raw column through the checkpoint's preprocessing (`given` in the

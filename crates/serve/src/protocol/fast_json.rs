@@ -26,7 +26,7 @@
 
 use serde::de::DeserializeOwned;
 
-use super::request::{RawInput, RawRequest};
+use super::raw::{RawInput, RawRequest};
 use super::tensor::JsonData;
 
 /// Deepest nesting of `data` arrays read here (deeper goes to serde, which has its own limit).

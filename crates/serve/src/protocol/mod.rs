@@ -26,6 +26,7 @@ use std::fmt;
 
 pub mod client;
 mod fast_json;
+mod raw;
 pub mod request;
 pub mod response;
 pub mod tensor;

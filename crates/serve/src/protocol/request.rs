@@ -4,45 +4,11 @@
 use std::collections::HashSet;
 
 use axum::body::Bytes;
-use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::raw::RawRequest;
 use super::tensor::{InputData, InputTensor, JsonData, parse_bytes_elements};
 use super::{Datatype, ProtocolError, check_counts, check_name, err};
-
-/// A request's JSON as read, before any check: what both readers (serde's here and
-/// [`super::fast_json`]) produce.
-#[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug, PartialEq))]
-pub(super) struct RawRequest {
-    #[serde(default)]
-    pub(super) id: Option<Value>,
-    #[serde(default)]
-    pub(super) parameters: Option<Map<String, Value>>,
-    pub(super) inputs: Vec<RawInput>,
-    #[serde(default)]
-    pub(super) outputs: Option<Vec<RawOutput>>,
-}
-
-#[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug, PartialEq))]
-pub(super) struct RawInput {
-    pub(super) name: String,
-    pub(super) shape: Vec<i64>,
-    pub(super) datatype: String,
-    #[serde(default)]
-    pub(super) parameters: Option<Map<String, Value>>,
-    #[serde(default)]
-    pub(super) data: Option<JsonData>,
-}
-
-#[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug, PartialEq))]
-pub(super) struct RawOutput {
-    name: String,
-    #[serde(default)]
-    parameters: Option<Map<String, Value>>,
-}
 
 /// One requested output.
 #[derive(Debug, Clone, PartialEq)]
