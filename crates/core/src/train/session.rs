@@ -30,7 +30,7 @@ use super::progress::Reporter;
 use super::schedule::LrSchedule;
 use super::stage::set_trainable;
 use super::state::{self, Progress, Snapshot};
-use super::step::{StageOptimizer, StepAt, StepContext, Trainee, step};
+use super::step::{NonFiniteLoss, StageOptimizer, StepAt, StepContext, Trainee, step};
 use crate::config::{Loss, StageConfig};
 use crate::data::Dataset;
 use crate::data::dataset::{Affine, sha256_hex};
@@ -251,7 +251,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             };
             lr = schedule.lr(stage_step);
             let done = step(&ctx, &mut self.trainee, optim, lr, batch)
-                .map_err(|e| at.diverged(stage, e))?;
+                .map_err(|e| diverged(at, stage, e))?;
             drop(step_span);
             stats.add(wait, &done, stage.clip_norm);
             self.logs.step(at, lr, &done, wait)?;
@@ -504,6 +504,17 @@ fn restore<B: AutodiffBackend>(
         pending_optim: optim.exists().then_some(optim),
         progress: saved,
     })
+}
+
+/// The error of step `at` of `stage` ending with a non-finite loss.
+fn diverged(at: StepAt, stage: &StageConfig, NonFiniteLoss(value): NonFiniteLoss) -> TrainError {
+    TrainError::Diverged {
+        stage: at.stage,
+        name: stage.name.clone(),
+        epoch: at.epoch + 1,
+        step: at.stage_step,
+        value,
+    }
 }
 
 /// The loader's epoch label: distinct for every (stage, epoch).

@@ -16,7 +16,6 @@ use burn::tensor::{ElementConversion, Tensor, TensorData};
 use super::adamw::StageAdamW;
 use super::clip::clip_global_norm;
 use super::distill::distill_loss;
-use super::job::TrainError;
 use super::stage::{StepOutput, part_param_ids, stage_loss};
 use crate::config::{Part, StageConfig};
 use crate::data::loader::HostBatch;
@@ -135,19 +134,6 @@ pub struct StepAt {
     pub epoch: usize,
     /// Optimizer steps taken in the stage before this one.
     pub stage_step: u64,
-}
-
-impl StepAt {
-    /// The error of this step of `stage` ending with a non-finite loss.
-    pub fn diverged(self, stage: &StageConfig, NonFiniteLoss(value): NonFiniteLoss) -> TrainError {
-        TrainError::Diverged {
-            stage: self.stage,
-            name: stage.name.clone(),
-            epoch: self.epoch + 1,
-            step: self.stage_step,
-            value,
-        }
-    }
 }
 
 /// One optimizer step of `trainee` on `batch` at learning rate `lr`.
