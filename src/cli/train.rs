@@ -41,8 +41,9 @@ fn run_error(e: RunError) -> CliError {
 pub fn run(args: TrainArgs<'_>) -> CliResult {
     let loaded = load_with_overrides(args.config, args.set)?;
     // The same data check as `kiln config check`, before any run directory or registry row
-    // exists: a missing column, a wrong kind or an empty split leaves nothing behind.
-    kiln::data::Dataset::load(&loaded.config.data).map_err(CliError::input)?;
+    // exists: a missing column, a wrong kind or an empty split leaves nothing behind. The run
+    // trains on this dataset: the file is read once.
+    let data = kiln::data::Dataset::load(&loaded.config.data).map_err(CliError::input)?;
     // The registry opens before the run directory exists, so a registry that cannot be opened
     // leaves no run behind that claims to be running.
     let registry_path = args
@@ -56,6 +57,7 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
         ..RunOptions::default()
     };
     let mut run = TrainingRun::new(loaded, options).map_err(run_error)?;
+    run.with_data(data);
     run.observe(Box::new(RegistryObserver::new(registry)));
     if let Some(mirror) = kiln::track::MlflowObserver::from_env(run.config()) {
         run.observe(Box::new(mirror));

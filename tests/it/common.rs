@@ -108,31 +108,44 @@ pub async fn serve(cfg: ServeConfig) -> ServerHandle {
 /// `<target tmp>/trained/<pid>/` (earlier processes' directories there go).
 pub fn trained() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trained");
-        if let Ok(old) = std::fs::read_dir(&base) {
-            for e in old.flatten() {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
+    DIR.get_or_init(|| train_tiny("trained", false))
+}
+
+/// [`trained`]'s run measured as `kiln train` measures it before the export (its manifest
+/// records the latency on the serving engine, the int8 accuracy change and the pick
+/// evaluation), under `<target tmp>/trained-measured/<pid>/`.
+pub fn trained_measured() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| train_tiny("trained-measured", true))
+}
+
+fn train_tiny(name: &str, measured: bool) -> PathBuf {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    if let Ok(old) = std::fs::read_dir(&base) {
+        for e in old.flatten() {
+            let _ = std::fs::remove_dir_all(e.path());
         }
-        let tmp = base.join(std::process::id().to_string());
-        std::fs::create_dir_all(&tmp).unwrap();
-        let path = tiny_config(&tmp, &tmp.join("out"), &[]);
-        let loaded = config::load(&path).unwrap();
-        let run = RunDir::create(&loaded.config.export.dir, &loaded.config.name).unwrap();
-        std::fs::write(run.config_file(), &loaded.text).unwrap();
-        let job = TrainJob {
-            observer: None,
-            teacher: None,
-            config: &loaded,
-            run,
-            resume: false,
-            progress: ProgressMode::Quiet,
-            stop_after_epochs: None,
-        };
-        let trained = train::<TrainCpu>(&job, &Default::default()).expect("training succeeds");
-        trained.outcome.export_dir.clone().unwrap()
-    })
+    }
+    let tmp = base.join(std::process::id().to_string());
+    std::fs::create_dir_all(&tmp).unwrap();
+    let path = tiny_config(&tmp, &tmp.join("out"), &[]);
+    let loaded = config::load(&path).unwrap();
+    let run = RunDir::create(&loaded.config.export.dir, &loaded.config.name).unwrap();
+    std::fs::write(run.config_file(), &loaded.text).unwrap();
+    let measure = kiln::run::measure::RunMeasure::new(loaded.config.export.engine.as_deref());
+    let job = TrainJob {
+        observer: None,
+        teacher: None,
+        config: &loaded,
+        run,
+        resume: false,
+        progress: ProgressMode::Quiet,
+        stop_after_epochs: None,
+        data: None,
+        measure: measured.then_some(&measure as &dyn kiln::train::Measure),
+    };
+    let trained = train::<TrainCpu>(&job, &Default::default()).expect("training succeeds");
+    trained.outcome.export_dir.clone().unwrap()
 }
 
 /// Copy the files of `from` into `to` (created).

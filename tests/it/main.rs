@@ -22,6 +22,7 @@ mod mvn;
 mod nightly;
 mod observability;
 mod observe;
+mod one_pass;
 mod onnx;
 mod own_data;
 mod pick;

@@ -173,10 +173,7 @@ async fn a_slowed_engine_trips_the_latency_watch_and_the_recorded_one_does_not()
     // The checkpoint records its latency on the serving engine (`auto`), as every run does.
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ckpt");
-    crate::common::copy_dir(trained(), &dir);
-    let cfg = tiny_config(tmp.path(), &tmp.path().join("out"), &[]);
-    let loaded = kiln::config::load(&cfg).unwrap();
-    kiln::run::measure_export(&dir, &loaded).unwrap();
+    crate::common::copy_dir(crate::common::trained_measured(), &dir);
     let (train, _, f) = splits();
     let rows = bootstrap(&train, f, 300, 3);
     let mut flagged = Vec::new();
@@ -251,9 +248,7 @@ async fn the_alert_rules_pass_promtool_and_name_exported_metrics() {
 
     let tmp = tempfile::tempdir().unwrap();
     let ckpt = tmp.path().join("ckpt");
-    crate::common::copy_dir(trained(), &ckpt);
-    let cfg = tiny_config(tmp.path(), &tmp.path().join("out"), &[]);
-    kiln::run::measure_export(&ckpt, &kiln::config::load(&cfg).unwrap()).unwrap();
+    crate::common::copy_dir(crate::common::trained_measured(), &ckpt);
     let repo = repository_of(&ckpt);
     let h = serve(serve_config(repo.path(), "auto")).await;
     let mut c = client(&h);

@@ -58,15 +58,23 @@ pub struct LegSpec {
 /// The checkpoint's residual correlation as the estimator's pick correlation (legs on
 /// different rows independent unless `cross_row` is given).
 pub fn correlation(manifest: &Manifest, cross_row: Option<Vec<f64>>) -> PickCorrelation {
-    let k = manifest.targets.len();
+    correlation_of(
+        manifest.targets.len(),
+        &manifest.residual_correlation,
+        cross_row,
+    )
+}
+
+/// [`correlation`] from its parts: `k` targets and their residual correlation (`k × k`), as
+/// a manifest holds them (or will: a training run evaluates picks before its export).
+pub fn correlation_of(
+    k: usize,
+    residual_correlation: &[Vec<f64>],
+    cross_row: Option<Vec<f64>>,
+) -> PickCorrelation {
     PickCorrelation {
         targets: k,
-        target_corr: manifest
-            .residual_correlation
-            .iter()
-            .flatten()
-            .copied()
-            .collect(),
+        target_corr: residual_correlation.iter().flatten().copied().collect(),
         cross_row_corr: cross_row,
     }
 }

@@ -4,10 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::artifact::Checkpoint;
+use crate::artifact::{Checkpoint, HostWeights};
 use crate::infer::{InferError, build_engine};
 use crate::predict::{Prediction, Predictor};
 use crate::rng::SplitMix64;
+use crate::stats::ColumnStats;
 use crate::util::percentile;
 
 pub use crate::records::metrics::{BatchLatency, LatencyReport};
@@ -27,8 +28,30 @@ pub fn measure(
     min_iters: usize,
     min_time: Duration,
 ) -> Result<LatencyReport, InferError> {
-    let mut predictor = Predictor::for_checkpoint(ckpt, build_engine(engine, &ckpt.weights, 1)?);
-    let feats = &ckpt.manifest.features;
+    let m = &ckpt.manifest;
+    measure_model(
+        &ckpt.weights,
+        &m.features,
+        &m.targets,
+        engine,
+        batches,
+        min_iters,
+        min_time,
+    )
+}
+
+/// [`measure`] for a model not (yet) exported: its weights and its features' and targets'
+/// normalisation, as its manifest will hold them (a training run measures before its export).
+pub fn measure_model(
+    weights: &HostWeights,
+    feats: &[ColumnStats],
+    targets: &[ColumnStats],
+    engine: &str,
+    batches: &[usize],
+    min_iters: usize,
+    min_time: Duration,
+) -> Result<LatencyReport, InferError> {
+    let mut predictor = Predictor::new(build_engine(engine, weights, 1)?, feats, targets);
     let mut out = Prediction {
         mean: Vec::new(),
         std: Vec::new(),

@@ -26,12 +26,10 @@ pub const POINTS: &[&str] = &[
     "before-snapshot-latest",
     // LATEST was switched; older snapshots are not removed yet.
     "after-snapshot-latest",
+    // The latency benchmark of the trained model is running (before its export).
+    "during-latency",
     // Inside the export's temporary directory: weights written, manifest not yet.
     "during-export",
-    // The export was renamed into place; the run's manifest update has not happened.
-    "after-export-before-manifest",
-    // The latency benchmark of the exported model is running.
-    "during-latency",
     // Everything is done but run.json does not say `finished` yet.
     "before-finished",
     // `kiln promote`: the promotion is recorded as `installing` and the candidate's files

@@ -16,8 +16,8 @@
 //! never on the rows scored.
 
 use super::PickError;
-use crate::artifact::Checkpoint;
-use crate::data::{DataError, Dataset};
+use crate::artifact::{Checkpoint, HostWeights};
+use crate::data::{ColumnStats, DataError, Dataset};
 use crate::model::mvn::{
     HaltonMvnCdf, HaltonMvnCdfConfig, Leg, MvnMethod, PickCorrelation, Side, pick_probabilities,
 };
@@ -311,26 +311,103 @@ pub fn evaluate_checkpoint(
             data.path.display()
         ))));
     }
-    let k = data.targets.len();
-    let mut lines = Vec::with_capacity(k);
-    let mut names = Vec::with_capacity(k);
-    for (j, t) in data.targets.iter().enumerate() {
-        let l1 = format!("{t}_l1");
-        match data.features.iter().position(|f| *f == l1) {
-            Some(f) => {
-                lines.push(LineSource::Persistence(f));
-                names.push(format!("{t}: persistence ({l1})"));
-            }
-            None => {
-                let ys: Vec<f64> = (0..data.train.rows())
-                    .map(|i| data.train.y[i * k + j] as f64)
-                    .collect();
-                let med = median(&ys);
-                lines.push(LineSource::Fixed(med));
-                names.push(format!("{t}: training median {med:.6}"));
-            }
+    let model = ModelParts {
+        weights: &ckpt.weights,
+        features: &m.features,
+        targets: &m.targets,
+        residual_correlation: &m.residual_correlation,
+    };
+    evaluate_model(model, OutcomeRows::of(&data, data.train.rows()), est)
+}
+
+/// A model as pick evaluation reads it: its weights and what its manifest holds (or will hold:
+/// a training run evaluates before its export).
+#[derive(Debug, Clone, Copy)]
+pub struct ModelParts<'a> {
+    /// The weights.
+    pub weights: &'a HostWeights,
+    /// Features in network order with their normalisation.
+    pub features: &'a [ColumnStats],
+    /// Targets with their normalisation.
+    pub targets: &'a [ColumnStats],
+    /// Residual correlation between targets (`k × k`).
+    pub residual_correlation: &'a [Vec<f64>],
+}
+
+/// The rows of a dataset pick evaluation reads, in original units: the test rows it scores,
+/// the validation rows of the constant baseline, and the training split's targets, whose
+/// median is the line of a target without a persistence feature.
+#[derive(Debug, Clone, Copy)]
+pub struct OutcomeRows<'a> {
+    /// Feature names in network order.
+    pub features: &'a [String],
+    /// Target names.
+    pub targets: &'a [String],
+    /// The training split's targets (`rows × k`).
+    pub train_y: &'a [f32],
+    /// The baseline rows.
+    pub validation: SplitRows<'a>,
+    /// The rows scored.
+    pub test: SplitRows<'a>,
+}
+
+impl<'a> OutcomeRows<'a> {
+    /// The rows of `data` whose training split is its first `train_rows` rows (all of them,
+    /// or fewer when validation rows were appended to it: a refit pass's data, whose lines
+    /// stay those of the split the data file defines).
+    pub fn of(data: &'a Dataset, train_rows: usize) -> Self {
+        let k = data.targets.len();
+        Self {
+            features: &data.features,
+            targets: &data.targets,
+            train_y: &data.train.y[..(train_rows * k).min(data.train.y.len())],
+            validation: SplitRows {
+                x: &data.validation.x,
+                y: &data.validation.y,
+            },
+            test: SplitRows {
+                x: &data.test.x,
+                y: &data.test.y,
+            },
         }
     }
+
+    /// Each target's line and its description: the persistence feature `<target>_l1` where
+    /// there is one, else the training median.
+    fn lines(&self) -> (Vec<LineSource>, Vec<String>) {
+        let k = self.targets.len();
+        let mut lines = Vec::with_capacity(k);
+        let mut names = Vec::with_capacity(k);
+        for (j, t) in self.targets.iter().enumerate() {
+            let l1 = format!("{t}_l1");
+            match self.features.iter().position(|f| *f == l1) {
+                Some(f) => {
+                    lines.push(LineSource::Persistence(f));
+                    names.push(format!("{t}: persistence ({l1})"));
+                }
+                None => {
+                    let ys: Vec<f64> = (0..self.train_y.len() / k.max(1))
+                        .map(|i| self.train_y[i * k + j] as f64)
+                        .collect();
+                    let med = median(&ys);
+                    lines.push(LineSource::Fixed(med));
+                    names.push(format!("{t}: training median {med:.6}"));
+                }
+            }
+        }
+        (lines, names)
+    }
+}
+
+/// [`evaluate_outcomes`] for `model` on `rows` (see [`evaluate_checkpoint`]; the same
+/// estimator, engine and lines).
+pub fn evaluate_model(
+    model: ModelParts<'_>,
+    rows: OutcomeRows<'_>,
+    est: EstimatorSettings,
+) -> Result<PickEvaluation, PickError> {
+    let k = rows.targets.len();
+    let (lines, names) = rows.lines();
     let mvn = HaltonMvnCdfConfig::new()
         .with_max_dim(k.max(1))
         .with_points(est.points)
@@ -338,21 +415,15 @@ pub fn evaluate_checkpoint(
         .with_seed(est.seed)
         .with_method(MvnMethod::Genz)
         .init::<crate::backend::Cpu>(&Default::default())?;
-    let engine = crate::infer::build_engine("burn", &ckpt.weights, 1)?;
-    let mut predictor = Predictor::for_checkpoint(ckpt, engine);
-    let corr = super::correlation(m, None);
+    let engine = crate::infer::build_engine("burn", model.weights, 1)?;
+    let mut predictor = Predictor::new(engine, model.features, model.targets);
+    let corr = super::correlation_of(model.targets.len(), model.residual_correlation, None);
     evaluate_outcomes(
         &mut predictor,
         &mvn,
         &corr,
-        SplitRows {
-            x: &data.test.x,
-            y: &data.test.y,
-        },
-        SplitRows {
-            x: &data.validation.x,
-            y: &data.validation.y,
-        },
+        rows.test,
+        rows.validation,
         &lines,
         names,
     )

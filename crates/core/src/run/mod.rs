@@ -1,7 +1,7 @@
 //! A training run as a library object: [`TrainingRun`] owns the whole run — run directory and
-//! status, effective config, resume, dispatch on device/backend/precision, training, export,
-//! the int8 accuracy check and latency measurement on the exported checkpoint, the manifest
-//! update and the summary. The run registry, the MLflow mirror and any program's own
+//! status, effective config, resume, dispatch on device/backend/precision, training and the
+//! measurements its manifest records ([`measure::RunMeasure`]: int8 accuracy change, latency,
+//! pick evaluation — taken on the trained model before its one export) and the summary. The run registry, the MLflow mirror and any program's own
 //! bookkeeping observe it through one small trait, [`RunObserver`] (start, epoch, stage end,
 //! export, end); each is optional.
 //!
@@ -16,18 +16,18 @@
 //!
 //! `kiln train` is this plus argument parsing, the observers its flags ask for, and printing.
 
+pub mod measure;
 pub mod teacher;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 pub use crate::records::{ObserverError, RunObserver};
 
-use crate::artifact::{ArtifactError, Checkpoint};
-use crate::bench::latency::{self, LatencyReport};
+use crate::artifact::ArtifactError;
+use crate::bench::latency::LatencyReport;
 use crate::config::{CpuBackend, DeviceKind, LoadedConfig, Loss, Precision};
+use crate::data::Dataset;
 use crate::data::dataset::sha256_hex;
-use crate::infer::InferError;
 use crate::records::{EpochRecord, NewRun, RunDir, RunEnd, RunState};
 use crate::train::{ProgressMode, TrainError, TrainJob, TrainOutcome, train};
 use crate::util;
@@ -68,12 +68,9 @@ pub enum RunError {
         /// What this build supports.
         build: String,
     },
-    /// The exported checkpoint could not be read back or its manifest rewritten.
+    /// A checkpoint (a teacher's) could not be read.
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
-    /// The latency benchmark or int8 check failed.
-    #[error("latency measurement of the exported checkpoint: {0}")]
-    Latency(#[from] InferError),
     /// An observer refused the run's start (e.g. the registry could not record it).
     #[error(transparent)]
     Observer(#[from] ObserverError),
@@ -103,7 +100,8 @@ pub struct RunOptions {
     pub progress: ProgressMode,
     /// Stop after this many epochs in total (a simulated interruption, for tests).
     pub stop_after_epochs: Option<usize>,
-    /// Measure the exported model's latency and int8 accuracy (on by default).
+    /// Measure the trained model's latency, int8 accuracy change and pick evaluation before
+    /// its export, for its manifest (on by default).
     pub measure: bool,
 }
 
@@ -137,6 +135,7 @@ pub struct TrainingRun {
     started_at: String,
     observers: Vec<Box<dyn RunObserver>>,
     teacher: std::sync::OnceLock<teacher::EngineTeacher>,
+    data: Option<Dataset>,
 }
 
 impl TrainingRun {
@@ -203,7 +202,24 @@ impl TrainingRun {
             started_at,
             observers: Vec::new(),
             teacher: std::sync::OnceLock::new(),
+            data: None,
         })
+    }
+
+    /// Train on `data`, already read from the config's `data` section (e.g. by the command's
+    /// input check), instead of reading the file again: the run then reads no data file at
+    /// all. A dataset read from another path than the config's is not used.
+    pub fn with_data(&mut self, data: Dataset) -> &mut Self {
+        if data.path == self.loaded.config.data.path {
+            self.data = Some(data);
+        } else {
+            tracing::warn!(
+                "the dataset given ({}) is not the config's ({}): the run reads its own",
+                data.path.display(),
+                self.loaded.config.data.path.display()
+            );
+        }
+        self
     }
 
     /// Attach an observer (called in the order attached).
@@ -226,7 +242,7 @@ impl TrainingRun {
     /// `failed` (with the reason) after, whatever fails; observers get `on_end` either way.
     pub fn execute(self) -> Result<RunSummary, RunError> {
         self.mark(RunState::Running, None)?;
-        let result = self.start().and_then(|()| self.train_and_measure());
+        let result = self.start().and_then(|()| self.train());
         match result {
             Ok((outcome, latency)) => {
                 let end = run_end(&self.loaded, &outcome, latency.as_ref());
@@ -276,13 +292,14 @@ impl TrainingRun {
         Ok(())
     }
 
-    fn train_and_measure(&self) -> Result<(TrainOutcome, Option<LatencyReport>), RunError> {
+    fn train(&self) -> Result<(TrainOutcome, Option<LatencyReport>), RunError> {
         if let Some(d) = &self.loaded.config.distill {
             let dirs = teacher::teacher_dirs(d, self.options.progress)?;
             let t = teacher::EngineTeacher::load(&dirs, &self.loaded)?;
             let _ = self.teacher.set(t);
         }
         let fanout = Fanout(&self.observers);
+        let measure = measure::RunMeasure::new(self.loaded.config.export.engine.as_deref());
         let job = TrainJob {
             observer: Some(&fanout),
             teacher: self.teacher.get().map(|t| t as &dyn crate::train::Teacher),
@@ -291,17 +308,14 @@ impl TrainingRun {
             resume: self.options.resume.is_some(),
             progress: self.options.progress,
             stop_after_epochs: self.options.stop_after_epochs,
+            data: self.data.as_ref(),
+            measure: self
+                .options
+                .measure
+                .then_some(&measure as &dyn crate::train::Measure),
         };
-        let mut outcome = dispatch(&job)?;
-        let latency = match (&outcome.export_dir, self.options.measure) {
-            (Some(dir), true) => {
-                util::fault::point("after-export-before-manifest");
-                let (latency, manifest) = measure_export(dir, &self.loaded)?;
-                outcome.manifest = Some(manifest);
-                Some(latency)
-            }
-            _ => None,
-        };
+        let outcome = dispatch(&job)?;
+        let latency = outcome.manifest.as_ref().and_then(|m| m.latency.clone());
         Ok((outcome, latency))
     }
 
@@ -379,57 +393,6 @@ pub fn dispatch(job: &TrainJob<'_>) -> Result<TrainOutcome, RunError> {
         }
     };
     Ok(outcome)
-}
-
-/// Measure the exported checkpoint in `dir` as the serving tier will run it, and store the
-/// results in its manifest: the int8 engine's accuracy change on the test split
-/// (`metrics.int8_test_delta`, so the serving tier can decide whether int8 is acceptable) and
-/// the latency on the serving engine (`export.engine`, batch 1 and 128: `latency`). Returns
-/// the latency and the updated manifest.
-pub fn measure_export(
-    dir: &Path,
-    loaded: &LoadedConfig,
-) -> Result<(LatencyReport, crate::artifact::Manifest), RunError> {
-    let ckpt = Checkpoint::load(dir)?;
-    let int8 = int8_accuracy(&ckpt, loaded);
-    let report = latency::measure(
-        &ckpt,
-        loaded
-            .config
-            .export
-            .engine
-            .as_deref()
-            .unwrap_or(latency::serving_engine()),
-        &[1, 128],
-        2000,
-        Duration::from_millis(250),
-    )?;
-    let mut manifest = ckpt.manifest.clone();
-    manifest.metrics.int8_test_delta = int8;
-    // Advisory like the int8 check: the pick probabilities against the test outcomes.
-    match crate::pick::outcomes::evaluate_checkpoint(&ckpt, &loaded.config.data, Default::default())
-    {
-        Ok(ev) => manifest.metrics.pick_evaluation = Some(ev),
-        Err(e) => tracing::warn!("pick evaluation skipped: {e}"),
-    }
-    manifest.latency = Some(report.clone());
-    crate::artifact::write_manifest(dir, &mut manifest)?;
-    Ok((report, manifest))
-}
-
-/// The int8 engine's accuracy change on the checkpoint's test split (None when the data or
-/// engine is unavailable: the check is advisory).
-fn int8_accuracy(
-    ckpt: &Checkpoint,
-    loaded: &LoadedConfig,
-) -> Option<crate::infer::Int8AccuracyReport> {
-    match crate::predict::int8_accuracy_report(ckpt, &loaded.config.data) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            tracing::warn!("int8 accuracy check skipped: {e}");
-            None
-        }
-    }
 }
 
 /// The environment stored with each run: versions, CPU, threads, device, build features.

@@ -22,7 +22,7 @@ use super::progress::ProgressMode;
 use super::state::StateError;
 use crate::artifact::{ArtifactError, Manifest};
 use crate::config::{ExperimentConfig, LoadedConfig};
-use crate::data::DataError;
+use crate::data::{DataError, Dataset};
 use crate::model::RegressionNet;
 use crate::observe::verdict::Verdict;
 use crate::records::{EpochRecord, RunDir, RunObserver, StepPhases};
@@ -72,6 +72,10 @@ pub enum TrainError {
     /// The recalibration could not be fitted (the message says which target and why).
     #[error("calibration: {0}")]
     Calibration(String),
+    /// A measurement of the trained model before its export failed (the serving engine's
+    /// latency; the advisory measurements are left out instead).
+    #[error("measuring the trained model before its export: {0}")]
+    Measure(#[source] super::measure::MeasureError),
     /// `--resume` was given a run that cannot be continued.
     #[error("cannot resume {run}: {reason}")]
     Resume {
@@ -100,6 +104,12 @@ pub struct TrainJob<'a> {
     pub progress: ProgressMode,
     /// Stop after this many epochs in total (tests use it to simulate an interruption).
     pub stop_after_epochs: Option<usize>,
+    /// The dataset, already read from `config.data` (e.g. by the command's input check);
+    /// `None`: training reads it. Either way the file is read once per run, refit or not.
+    pub data: Option<&'a Dataset>,
+    /// What to measure of the trained model before its export (int8 accuracy change,
+    /// latency, pick evaluation; the run layer provides it); `None`: nothing.
+    pub measure: Option<&'a dyn super::measure::Measure>,
 }
 
 pub use kiln_model::records::metrics::StageSummary;

@@ -10,6 +10,9 @@ use crate::model::RegressionNetConfig;
 pub struct Prepared {
     /// The data.
     pub data: Dataset,
+    /// Rows of the training split as the data file's split defines it: all of `data.train`,
+    /// except in a refit pass, which appends the validation rows after them.
+    pub split_train_rows: usize,
     /// Feature normalisation.
     pub x_stats: Vec<ColumnStats>,
     /// Target normalisation.
@@ -21,7 +24,13 @@ pub struct Prepared {
 impl Prepared {
     /// Load the dataset and fit the normalisation on the training split.
     pub fn new(cfg: &ExperimentConfig) -> Result<Self, DataError> {
-        let mut data = Dataset::load(&cfg.data)?;
+        Ok(Self::from_dataset(cfg, Dataset::load(&cfg.data)?))
+    }
+
+    /// Fit the normalisation on the training split of `data`, already read from `cfg.data`
+    /// (a training run reads its data file once, whatever its passes).
+    pub fn from_dataset(cfg: &ExperimentConfig, mut data: Dataset) -> Self {
+        let split_train_rows = data.train.rows();
         if cfg.refit_pass.is_some() {
             // The refit pass trains on train + validation (validation stays as it is, for
             // the per-epoch log only: it is no longer held out).
@@ -31,6 +40,7 @@ impl Prepared {
             t.y.extend_from_slice(&v.y);
             t.season.extend_from_slice(&v.season);
             t.source_rows.extend_from_slice(&v.source_rows);
+            t.w.extend_from_slice(&v.w);
         }
         let w = data.train.weights();
         let x_stats = fit_stats_weighted(&data.features, &data.train.x, w);
@@ -41,12 +51,13 @@ impl Prepared {
             n_targets: data.n_targets(),
             activation: cfg.model.activation,
         };
-        Ok(Self {
+        Self {
             data,
+            split_train_rows,
             x_stats,
             y_stats,
             arch,
-        })
+        }
     }
 
     /// For each target, the feature holding last season's value (`<target>_l1`).
@@ -61,5 +72,36 @@ impl Prepared {
                     .position(|f| *f == format!("{t}_l1"))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{RefitPass, parse};
+    use crate::data::table::CsvTable;
+    use std::path::Path;
+
+    #[test]
+    fn a_refit_pass_trains_on_train_and_validation_rows_with_their_weights() {
+        let cfg_text = "data:\n  path: t.csv\n  features: [a]\n  weight: w\n  targets: [y]\n  split:\n    train: {to: 2001}\n    validation: {from: 2002, to: 2002}\n    test: {from: 2003}\nstages:\n  - name: mean\n    trainable: [backbone, mean_head]\n    loss: mse\n    epochs: 1\n";
+        let mut cfg = parse(cfg_text, Path::new("t.yaml")).unwrap();
+        let csv = "season,a,w,y\n2000,1,1,1\n2001,3,0.5,3\n2002,5,2,5\n2002,6,1,6\n2003,7,1,7\n";
+        let table = CsvTable::from_bytes(csv.as_bytes(), Path::new("t.csv")).unwrap();
+        let data = Dataset::from_table(&cfg.data, &table, String::new()).unwrap();
+        let selection = Prepared::from_dataset(&cfg, data.clone());
+        assert_eq!(selection.split_train_rows, 2);
+        assert_eq!(selection.data.train.rows(), 2);
+        cfg.refit_pass = Some(RefitPass {
+            provenance: Default::default(),
+        });
+        let refit = Prepared::from_dataset(&cfg, data);
+        // The file's training split is still the first two rows; validation's follow them,
+        // each with its weight (the loader needs one per row).
+        assert_eq!(refit.split_train_rows, 2);
+        assert_eq!(refit.data.train.y, vec![1.0, 3.0, 5.0, 6.0]);
+        assert_eq!(refit.data.train.w, vec![1.0, 0.5, 2.0, 1.0]);
+        assert_eq!(refit.data.validation.rows(), 2);
+        assert!(refit.x_stats[0].mean > selection.x_stats[0].mean);
     }
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::epoch::EpochStats;
 use super::state::EpochRecord;
 
 /// How progress is shown.
@@ -66,19 +67,19 @@ impl Reporter {
         }
     }
 
-    /// A step ended (called every step; cheap).
-    #[allow(clippy::too_many_arguments)]
+    /// A step of `stage`'s epoch `epoch` (of `batches` steps) ended with loss `loss` at rate
+    /// `lr`; `stats` counts the epoch's steps so far (called every step; cheap).
     pub fn step(
         &mut self,
         stage: &str,
         epoch: usize,
-        step_in_epoch: usize,
         batches: usize,
         loss: f64,
         lr: f64,
-        samples_per_s: f64,
-        wait_frac: f64,
+        stats: &EpochStats,
     ) {
+        let step_in_epoch = stats.steps().saturating_sub(1) as usize;
+        let (samples_per_s, wait_frac) = (stats.samples_per_s(), stats.wait_frac());
         if let Some(bar) = &self.bar {
             bar.set_position(step_in_epoch as u64 + 1);
             if step_in_epoch.is_multiple_of(16) {

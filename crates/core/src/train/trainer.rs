@@ -3,64 +3,97 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::job::{TrainError, TrainJob, TrainOutcome, Trained, io_err};
+use super::evaluate::EvalReport;
+use super::job::{StageSummary, TrainError, TrainJob, Trained, io_err};
 use super::progress::ProgressMode;
-use super::session::{Session, StageEnd};
+use super::session::Session;
 use crate::config::{LoadedConfig, Refit, RefitPass};
+use crate::data::Dataset;
 use crate::records::RunDir;
 use crate::records::metrics::RefitProvenance;
 
 /// Train according to `job` on backend `B`: open the session (data, model, resume), run each
-/// stage, then evaluate and export. The run directory's status and the observers of a whole
-/// run belong to [`crate::run::TrainingRun`], which calls this.
+/// stage, then evaluate and export. The data file is read once (or not at all when the job
+/// carries the dataset), whatever the passes. The run directory's status and the observers of
+/// a whole run belong to [`crate::run::TrainingRun`], which calls this.
 pub fn train<B: AutodiffBackend>(
     job: &TrainJob<'_>,
     device: &B::Device,
 ) -> Result<Trained<B>, TrainError> {
     let cfg = &job.config.config;
+    let read;
+    let data = match job.data {
+        Some(d) => d,
+        None => {
+            read = Dataset::load(&cfg.data)?;
+            &read
+        }
+    };
     if cfg.refit == Refit::TrainValidation && cfg.refit_pass.is_none() {
-        return train_with_refit::<B>(job, device);
+        return train_with_refit::<B>(job, data, device);
     }
-    train_pass::<B>(job, device)
+    train_pass::<B>(job, data, device)
 }
 
 /// One training pass (the whole run without refit; either pass of a refit run).
 fn train_pass<B: AutodiffBackend>(
     job: &TrainJob<'_>,
+    data: &Dataset,
     device: &B::Device,
 ) -> Result<Trained<B>, TrainError> {
-    let mut session = Session::<B>::open(job, device)?;
-    while session.progress.stage < job.config.config.stages.len() {
-        if let StageEnd::Stopped = session.run_stage()? {
-            return Ok(Trained {
-                outcome: TrainOutcome {
-                    run: job.run.clone(),
-                    export_dir: None,
-                    report: None,
-                    stages: Vec::new(),
-                    parameter_count: session.prep.arch.num_params(),
-                    manifest: None,
-                    wall: session.started.elapsed(),
-                    verdict: None,
-                },
-                model: None,
-            });
-        }
-    }
-    session.finish()
+    Session::<B>::open(job, data, device)?.run()
 }
 
 /// `refit: train+validation`: the selection pass in `<run>/selection/` (an ordinary run of
 /// the same config; resumed when the run is), then the refit pass in the run directory on
 /// train + validation for the selection pass's best epochs per stage (see
-/// [`crate::config::Refit`]).
+/// [`crate::config::Refit`]). Both passes train on `data`.
 fn train_with_refit<B: AutodiffBackend>(
     job: &TrainJob<'_>,
+    data: &Dataset,
     device: &B::Device,
 ) -> Result<Trained<B>, TrainError> {
+    let (sel_run, stages, test) = match selection::<B>(job, data, device)? {
+        Selection::Done { run, stages, test } => (run, stages, test),
+        // Interrupted (tests' stop_after_epochs): so is the run.
+        Selection::Interrupted(sel) => return Ok(*sel),
+    };
+    let refit_loaded = refit_config(job, &sel_run, stages, test);
+    let refit_job = TrainJob {
+        observer: job.observer,
+        teacher: job.teacher,
+        config: &refit_loaded,
+        run: job.run.clone(),
+        resume: job.resume,
+        progress: job.progress,
+        stop_after_epochs: job.stop_after_epochs,
+        data: Some(data),
+        measure: job.measure,
+    };
+    train_pass::<B>(&refit_job, data, device)
+}
+
+/// How the selection pass of a refit run ended.
+enum Selection<B: AutodiffBackend> {
+    /// It finished (now or in an earlier process): its directory, stages and test table.
+    Done {
+        run: RunDir,
+        stages: Vec<StageSummary>,
+        test: Option<EvalReport>,
+    },
+    /// It was stopped before its end.
+    Interrupted(Box<Trained<B>>),
+}
+
+/// The selection pass of a refit run: an ordinary run of the same config in
+/// `<run>/selection/`, resumed when the run is; a finished one (its export is sealed) is not
+/// run again.
+fn selection<B: AutodiffBackend>(
+    job: &TrainJob<'_>,
+    data: &Dataset,
+    device: &B::Device,
+) -> Result<Selection<B>, TrainError> {
     let sel_path = job.run.path.join("selection");
-    let mut sel_loaded = job.config.clone();
-    sel_loaded.config.refit = Refit::None;
     let resume_sel = sel_path.join("config.yaml").is_file();
     let sel_run = if resume_sel {
         RunDir::open(&sel_path).map_err(io_err(&sel_path))?
@@ -72,29 +105,47 @@ fn train_with_refit<B: AutodiffBackend>(
             path: sel_path.clone(),
         }
     };
-    let sel_export = sel_run.export_dir();
-    // A finished selection pass (its export is sealed) is not run again on resume.
-    let (stages, test) = match crate::artifact::Checkpoint::load(&sel_export) {
-        Ok(c) if resume_sel => (c.manifest.metrics.stages, c.manifest.metrics.test),
-        _ => {
-            let sel_job = TrainJob {
-                observer: None,
-                teacher: job.teacher,
-                config: &sel_loaded,
-                run: sel_run.clone(),
-                resume: resume_sel,
-                progress: job.progress,
-                stop_after_epochs: job.stop_after_epochs,
-            };
-            let sel = train_pass::<B>(&sel_job, device)?;
-            if sel.outcome.export_dir.is_none() {
-                // Interrupted (tests' stop_after_epochs): so is the run.
-                return Ok(sel);
-            }
-            let test = sel.outcome.manifest.and_then(|m| m.metrics.test);
-            (sel.outcome.stages, test)
-        }
+    if resume_sel && let Ok(c) = crate::artifact::Checkpoint::load(&sel_run.export_dir()) {
+        let m = c.manifest.metrics;
+        return Ok(Selection::Done {
+            run: sel_run,
+            stages: m.stages,
+            test: m.test,
+        });
+    }
+    let mut sel_loaded = job.config.clone();
+    sel_loaded.config.refit = Refit::None;
+    let sel_job = TrainJob {
+        observer: None,
+        teacher: job.teacher,
+        config: &sel_loaded,
+        run: sel_run.clone(),
+        resume: resume_sel,
+        progress: job.progress,
+        stop_after_epochs: job.stop_after_epochs,
+        data: Some(data),
+        // The selection pass's export is not what the run delivers: not measured.
+        measure: None,
     };
+    let sel = train_pass::<B>(&sel_job, data, device)?;
+    if sel.outcome.export_dir.is_none() {
+        return Ok(Selection::Interrupted(Box::new(sel)));
+    }
+    Ok(Selection::Done {
+        run: sel_run,
+        test: sel.outcome.manifest.and_then(|m| m.metrics.test),
+        stages: sel.outcome.stages,
+    })
+}
+
+/// The refit pass's config: `job`'s, each stage trained for the selection pass's best epoch
+/// count without early stopping, on train + validation, with the selection's provenance.
+fn refit_config(
+    job: &TrainJob<'_>,
+    sel_run: &RunDir,
+    stages: Vec<StageSummary>,
+    test: Option<EvalReport>,
+) -> LoadedConfig {
     let epochs: Vec<usize> = job
         .config
         .config
@@ -122,15 +173,6 @@ fn train_with_refit<B: AutodiffBackend>(
         st.epochs = e;
         st.early_stopping = None;
     }
-    c.refit_pass = Some(RefitPass {
-        provenance: RefitProvenance {
-            trained_on: "train+validation".into(),
-            selection_run: sel_run.path.display().to_string(),
-            epochs: epochs.clone(),
-            selection_stages: stages,
-            selection_test: test,
-        },
-    });
     let names: Vec<String> = c.stages.iter().map(|s| s.name.clone()).collect();
     super::progress::Reporter::new(job.progress).line(&format!(
         "refit on train + validation: {}",
@@ -141,16 +183,16 @@ fn train_with_refit<B: AutodiffBackend>(
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    let refit_job = TrainJob {
-        observer: job.observer,
-        teacher: job.teacher,
-        config: &refit_loaded,
-        run: job.run.clone(),
-        resume: job.resume,
-        progress: job.progress,
-        stop_after_epochs: job.stop_after_epochs,
-    };
-    train_pass::<B>(&refit_job, device)
+    c.refit_pass = Some(RefitPass {
+        provenance: RefitProvenance {
+            trained_on: "train+validation".into(),
+            selection_run: sel_run.path.display().to_string(),
+            epochs,
+            selection_stages: stages,
+            selection_test: test,
+        },
+    });
+    refit_loaded
 }
 
 /// Train `loaded` on the default CPU backend (flex) in a fresh run directory under `root`,
@@ -170,6 +212,8 @@ pub fn train_cpu(
         resume: false,
         progress: ProgressMode::Quiet,
         stop_after_epochs: None,
+        data: None,
+        measure: None,
     };
     train::<crate::backend::TrainCpu>(&job, &Default::default())
 }
