@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use kiln::serve::{BatcherConfig, BatchingPolicy, ServeConfig, ServerHandle};
 
-use kiln::backend::TrainCpu;
 use kiln::config;
 use kiln::records::RunDir;
-use kiln::train::{ProgressMode, TrainJob, train};
+use kiln::train::{ProgressMode, TrainJob};
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -144,7 +143,7 @@ fn train_tiny(name: &str, measured: bool) -> PathBuf {
         data: None,
         measure: measured.then_some(&measure as &dyn kiln::train::Measure),
     };
-    let trained = train::<TrainCpu>(&job, &Default::default()).expect("training succeeds");
+    let trained = kiln::train::train_job_cpu(&job).expect("training succeeds");
     trained.outcome.export_dir.clone().unwrap()
 }
 

@@ -13,7 +13,7 @@ use kiln::config::{self, LoadedConfig};
 use kiln::infer::BurnEngine;
 use kiln::predict::Predictor;
 use kiln::records::RunDir;
-use kiln::train::{ProgressMode, TrainJob, Trained, train};
+use kiln::train::{ProgressMode, TrainJob, Trained};
 
 use crate::common::kiln;
 
@@ -59,7 +59,7 @@ fn train_job(
         data: None,
         measure,
     };
-    train::<TrainCpu>(&job, &Default::default()).expect("training succeeds")
+    kiln::train::train_job_cpu(&job).expect("training succeeds")
 }
 
 fn fresh_run(loaded: &LoadedConfig) -> RunDir {

@@ -356,7 +356,7 @@ pub fn dispatch(job: &TrainJob<'_>) -> Result<TrainOutcome, RunError> {
     let c = &job.config.config;
     let outcome = match (c.device, c.backend, c.precision) {
         (DeviceKind::Cpu, CpuBackend::Flex, Precision::F32) => {
-            train::<crate::backend::TrainCpu>(job, &Default::default())?.outcome
+            crate::train::train_job_cpu(job)?.outcome
         }
         (DeviceKind::Cpu, CpuBackend::Ndarray, Precision::F32) => {
             train::<crate::backend::TrainNdArray>(job, &Default::default())?.outcome

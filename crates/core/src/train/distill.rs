@@ -1,9 +1,9 @@
 //! Distillation: a student learns from a teacher's predictions (config `distill:`, stage
 //! losses `distill_mse` and `distill_nll`).
 //!
-//! The teacher is injected as a [`Teacher`] through [`super::TrainHooks::teacher`]: training
-//! (level 3) may not import the inference engines (level 4), so the run layer wraps the
-//! fastest engine and hands it down. The session asks it once for the training split's
+//! The teacher is injected as a [`Teacher`] through [`super::TrainJob::teacher`]: the run
+//! layer loads the teacher's checkpoint, wraps the fastest engine and hands it down, so
+//! training never loads checkpoints or picks engines itself. The session asks it once for the training split's
 //! predictions and carries them beside the targets through the loader: each training row's
 //! target vector becomes `[y (k), μ_T (k), σ_T (k)]`, all normalised by the student's target
 //! statistics (σ_T by the target's std alone).

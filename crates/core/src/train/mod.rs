@@ -40,4 +40,4 @@ pub use prepare::Prepared;
 pub use progress::ProgressMode;
 pub use stage::{StepOutput, adamw, part_param_ids, set_trainable, stage_loss};
 pub use step::{StepContext, StepStats, step};
-pub use trainer::{train, train_cpu};
+pub use trainer::{train, train_cpu, train_job_cpu};

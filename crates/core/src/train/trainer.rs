@@ -1,4 +1,4 @@
-//! The training entry points: [`train`] on any autodiff backend, [`train_cpu`] on the default
+//! The training entry points: [`train`] on any autodiff backend, [`train_job_cpu`] and [`train_cpu`] on the default
 //! CPU backend in a fresh run directory.
 
 use burn::tensor::backend::AutodiffBackend;
@@ -195,6 +195,13 @@ fn refit_config(
     refit_loaded
 }
 
+/// [`train`] on the default CPU backend (flex), not generic: a caller outside kiln-core (the
+/// binary, the integration tests, benchmarks) links the one copy of the training stack compiled
+/// here instead of instantiating it again in its own crate.
+pub fn train_job_cpu(job: &TrainJob<'_>) -> Result<Trained<crate::backend::TrainCpu>, TrainError> {
+    train::<crate::backend::TrainCpu>(job, &Default::default())
+}
+
 /// Train `loaded` on the default CPU backend (flex) in a fresh run directory under `root`,
 /// quietly and without observers: the embedding entry point used by tests and benchmarks.
 pub fn train_cpu(
@@ -215,5 +222,5 @@ pub fn train_cpu(
         data: None,
         measure: None,
     };
-    train::<crate::backend::TrainCpu>(&job, &Default::default())
+    train_job_cpu(&job)
 }
