@@ -14,6 +14,8 @@ use super::table::{CsvTable, DataError, is_missing, parse_finite};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Numeric,
+    /// Numbers, but at least one is not finite (`inf`, `NaN`): the first such cell's row.
+    NonFinite(usize),
     Date,
     Text,
     Empty,
@@ -30,12 +32,17 @@ pub struct Starter {
 
 fn kind(table: &CsvTable, j: usize) -> Kind {
     let mut k = Kind::Empty;
-    for r in &table.rows {
+    let mut non_finite = None;
+    for (i, r) in table.rows.iter().enumerate() {
         let c = r[j].trim();
         if is_missing(c) {
             continue;
         }
-        let this = if parse_finite(c).is_ok() {
+        let number = parse_finite(c);
+        if number == Err(false) {
+            non_finite.get_or_insert(i);
+        }
+        let this = if number != Err(true) {
             Kind::Numeric
         } else if parse_datetime(c).is_some() {
             Kind::Date
@@ -48,7 +55,18 @@ fn kind(table: &CsvTable, j: usize) -> Kind {
             return Kind::Text;
         }
     }
-    k
+    match (k, non_finite) {
+        (Kind::Numeric, Some(i)) => Kind::NonFinite(i),
+        _ => k,
+    }
+}
+
+/// Where row `i` of `table` is, for a message: its line in a CSV file, else its row number.
+fn row_place(table: &CsvTable, i: usize) -> String {
+    match table.lines.get(i) {
+        Some(line) => format!("line {line}"),
+        None => format!("row {}", i + 1),
+    }
 }
 
 /// A column name as YAML: plain when it is a simple word, else double-quoted.
@@ -79,6 +97,14 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
     let mut notes = Vec::new();
     for t in targets {
         let j = table.column_index(t)?;
+        if let Kind::NonFinite(i) = kind(&table, j) {
+            return Err(DataError::Other(format!(
+                "{}: target column `{t}` holds `{}` at {} (kiln trains on finite numbers only: fix or drop those rows)",
+                data.display(),
+                table.rows[i][j].trim(),
+                row_place(&table, i)
+            )));
+        }
         if kind(&table, j) != Kind::Numeric {
             return Err(DataError::Other(format!(
                 "{}: target column `{t}` is not numeric (kiln predicts numbers)",
@@ -104,6 +130,11 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
                 missing += n;
                 features.push(name.clone());
             }
+            Kind::NonFinite(i) => notes.push(format!(
+                "`{name}`: numbers, but `{}` at {} is not finite (kiln refuses non-finite values), not used",
+                table.rows[i][j].trim(),
+                row_place(&table, i)
+            )),
             Kind::Date if date.is_none() => date = Some(name.clone()),
             Kind::Date => notes.push(format!("`{name}`: a second date column, not used")),
             Kind::Text => {
@@ -286,6 +317,35 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_column_with_inf_is_named_as_not_finite_not_as_not_numeric() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.csv");
+        let mut text = String::from("x,w,y\n");
+        for i in 0..30 {
+            let w = if i == 7 {
+                "inf".to_string()
+            } else {
+                format!("{i}.25")
+            };
+            text.push_str(&format!("{i},{w},{}\n", i * 3));
+        }
+        std::fs::write(&p, &text).unwrap();
+        let s = starter_config(&p, &["y".into()]).unwrap();
+        assert!(s.yaml.contains("features: [x]"), "{}", s.yaml);
+        let note = s.notes.iter().find(|n| n.starts_with("`w`")).unwrap();
+        assert!(
+            note.contains("`inf` at line 9 is not finite") && !note.contains("not numeric"),
+            "{note}"
+        );
+        // The same value in the target is an error naming it and its line.
+        let err = starter_config(&p, &["w".into()]).unwrap_err().to_string();
+        assert!(
+            err.contains("target column `w` holds `inf` at line 9") && !err.contains("not numeric"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn a_starter_config_parses_and_loads() {
