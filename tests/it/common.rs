@@ -79,7 +79,7 @@ pub fn serve_config(repo: &Path, engine: &str) -> ServeConfig {
     ServeConfig {
         repository: repo.to_path_buf(),
         port: 0,
-        engine: Some(engine.into()),
+        engine: Some(engine.parse().unwrap()),
         batcher: BatcherConfig {
             policy: BatchingPolicy::Idle,
             max_batch_size: 64,
@@ -132,7 +132,7 @@ fn train_tiny(name: &str, measured: bool) -> PathBuf {
     let loaded = config::load(&path).unwrap();
     let run = RunDir::create(&loaded.config.export.dir, &loaded.config.name).unwrap();
     std::fs::write(run.config_file(), &loaded.text).unwrap();
-    let measure = kiln::run::measure::RunMeasure::new(loaded.config.export.engine.as_deref());
+    let measure = kiln::run::measure::RunMeasure::new(loaded.config.export.engine_kind());
     let job = TrainJob {
         observer: None,
         teacher: None,

@@ -52,7 +52,7 @@ use crate::common::serve;
 
 fn predictor(dir: &Path) -> Predictor {
     let ckpt = Checkpoint::load(dir).unwrap();
-    let engine = build_engine(ENGINE, &ckpt.weights, 1).unwrap();
+    let engine = build_engine(ENGINE.parse().unwrap(), &ckpt.weights, 1).unwrap();
     Predictor::for_checkpoint(&ckpt, engine)
 }
 
@@ -367,7 +367,10 @@ async fn default_engine_answers_equal_its_predictor() {
     }
     let x = rows(7, 11);
     let ckpt = Checkpoint::load(trained()).unwrap();
-    let mut p = Predictor::for_checkpoint(&ckpt, build_engine(&engine, &ckpt.weights, 1).unwrap());
+    let mut p = Predictor::for_checkpoint(
+        &ckpt,
+        build_engine(engine.parse().unwrap(), &ckpt.weights, 1).unwrap(),
+    );
     let want = p.predict(&x, 7).unwrap();
     let got = outputs(
         &client(&h)

@@ -22,6 +22,7 @@
 //! flight to finish, then stops its batcher. [`Repository::index`] lists the models on disk
 //! with their state, as Triton's repository index does.
 
+use kiln_model::records::EngineKind;
 use kiln_model::records::repository::{subdirs, version_dirs};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -39,8 +40,8 @@ use crate::monitor::{DriftMonitor, LatencyWatch, WatchConfig};
 pub struct RepositoryConfig {
     /// The repository root.
     pub root: PathBuf,
-    /// The engine name for regression models.
-    pub engine: String,
+    /// The engine for regression models.
+    pub engine: EngineKind,
     /// Batching and instances.
     pub batcher: BatcherConfig,
     /// Drift and latency watch settings.
@@ -723,11 +724,11 @@ impl Repository {
         dir: &Path,
     ) -> Result<LoadedVersion, LoadError> {
         let spec = load_spec(dir)?;
-        let engine = self.config.engine.clone();
+        let engine = self.config.engine;
         let threads = self.config.batcher.threads_per_instance;
         let spec_for = spec.clone();
         let buckets = crate::model::buckets(self.config.batcher.max_batch_size);
-        let factory = Arc::new(move || build_instance(&spec_for, &engine, threads, &buckets));
+        let factory = Arc::new(move || build_instance(&spec_for, engine, threads, &buckets));
         let mm = self.metrics.model(model);
         // Statistics are cumulative since load (as Triton's): a version loaded again starts
         // from zero. The version being loaded is never the one serving.
@@ -736,7 +737,7 @@ impl Repository {
             &vm,
             &spec,
             &self.config.watch,
-            &self.config.engine,
+            self.config.engine,
             &crate::model::buckets(self.config.batcher.max_batch_size),
             &format!("model `{model}` version {version}"),
         );
@@ -766,7 +767,7 @@ fn attach_watches(
     vm: &VersionMetrics,
     spec: &ModelSpec,
     config: &WatchConfig,
-    engine: &str,
+    engine: EngineKind,
     buckets: &[usize],
     label: &str,
 ) {

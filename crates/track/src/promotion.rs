@@ -360,7 +360,8 @@ impl PartialEq<&str> for PromotionDecision {
 /// the promoter's process (so that a promoter killed mid-way can be told from a live one).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PromotionDetails {
-    /// The engine both models were timed on.
+    /// The engine both models were timed on: the name as written (text, not an `EngineKind`,
+    /// so that a registry row naming an engine this build lacks still loads).
     #[serde(default)]
     pub engine: String,
     /// The thresholds applied.

@@ -990,8 +990,19 @@ pub struct ExportConfig {
     pub dir: PathBuf,
     /// The inference engine the serving tier will run this model on; the latency logged at
     /// the end of every run is measured on it (`null`: the default serving engine, `auto`).
+    /// The name as written: checked at load (a located `export.engine` error listing the
+    /// engines), read as [`ExportConfig::engine_kind`].
     #[serde(default)]
     pub engine: Option<String>,
+}
+
+impl ExportConfig {
+    /// The engine `engine` names (`None`: the serving default). A loaded config's name is
+    /// checked at load; a name this build does not know (only in a config never validated)
+    /// reads as `None`.
+    pub fn engine_kind(&self) -> Option<crate::records::EngineKind> {
+        self.engine.as_deref().and_then(|e| e.parse().ok())
+    }
 }
 
 fn default_out_dir() -> PathBuf {
