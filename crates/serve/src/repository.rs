@@ -49,7 +49,22 @@ pub struct RepositoryConfig {
 }
 
 /// How models get loaded (Triton's `--model-control-mode`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::EnumString,
+)]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = String,
+    parse_err_fn = unknown_control_mode
+)]
 pub enum ModelControlMode {
     /// Load every model at start; never reload.
     None,
@@ -63,32 +78,13 @@ pub enum ModelControlMode {
 impl ModelControlMode {
     /// The name (`none`, `poll`, `explicit`), as `--model-control-mode` spells it.
     pub fn name(self) -> &'static str {
-        match self {
-            ModelControlMode::None => "none",
-            ModelControlMode::Poll => "poll",
-            ModelControlMode::Explicit => "explicit",
-        }
+        self.into()
     }
 }
 
-impl std::fmt::Display for ModelControlMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for ModelControlMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(ModelControlMode::None),
-            "poll" => Ok(ModelControlMode::Poll),
-            "explicit" => Ok(ModelControlMode::Explicit),
-            other => Err(format!(
-                "unknown model control mode `{other}`; expected `none`, `poll` or `explicit`"
-            )),
-        }
-    }
+/// `ModelControlMode`'s derived `FromStr` error.
+fn unknown_control_mode(other: &str) -> String {
+    format!("unknown model control mode `{other}`; expected `none`, `poll` or `explicit`")
 }
 
 /// What kind of failure a repository request met (each protocol maps it to

@@ -765,8 +765,9 @@ impl Default for LoaderConfig {
 }
 
 /// A part of the network that a stage can train.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Part {
     /// The hidden layers.
     Backbone,
@@ -779,11 +780,7 @@ pub enum Part {
 impl Part {
     /// The snake_case name used in configs.
     pub fn name(self) -> &'static str {
-        match self {
-            Part::Backbone => "backbone",
-            Part::MeanHead => "mean_head",
-            Part::LogvarHead => "logvar_head",
-        }
+        self.into()
     }
 }
 

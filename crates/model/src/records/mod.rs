@@ -16,7 +16,8 @@ pub use engine_text::EngineKind;
 mod engine_text {
     /// The inference engines, one variant each: the text (`--engine`, `export.engine`, manifests,
     /// metrics labels) is derived once from the `strum` attributes below: [`EngineKind::name`],
-    /// `Display`, serde, and `FromStr` (whose error lists the known engines).
+    /// `Display`, `FromStr` (whose error, [`UnknownEngine`](super::UnknownEngine), lists the
+    /// engines this build knows) and, through them, serde.
     #[derive(
         Debug,
         Clone,
@@ -27,11 +28,16 @@ mod engine_text {
         Default,
         strum::IntoStaticStr,
         strum::Display,
+        strum::EnumString,
         strum::EnumIter,
         strum::VariantArray,
         strum::VariantNames,
     )]
-    #[strum(const_into_str)]
+    #[strum(
+        const_into_str,
+        parse_err_ty = super::UnknownEngine,
+        parse_err_fn = super::UnknownEngine::of
+    )]
     pub enum EngineKind {
         /// The Burn module without autodiff on Flex.
         #[strum(serialize = "burn")]
@@ -113,18 +119,13 @@ pub struct UnknownEngine {
     pub known: String,
 }
 
-impl std::str::FromStr for EngineKind {
-    type Err = UnknownEngine;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        EngineKind::ALL
-            .iter()
-            .copied()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| UnknownEngine {
-                given: s.to_string(),
-                known: engine_names().join(", "),
-            })
+impl UnknownEngine {
+    /// `given` is no engine name (`EngineKind`'s derived `FromStr` error).
+    pub fn of(given: &str) -> Self {
+        UnknownEngine {
+            given: given.to_string(),
+            known: engine_names().join(", "),
+        }
     }
 }
 
