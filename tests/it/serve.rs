@@ -48,6 +48,7 @@ fn config(repo: &Path) -> ServeConfig {
     }
 }
 
+use crate::common::client;
 use crate::common::serve;
 
 fn predictor(dir: &Path) -> Predictor {
@@ -153,10 +154,6 @@ fn answered(metrics: &kiln::serve::Metrics, model: &str, version: u64) -> u64 {
         .version(version)
         .success
         .load(std::sync::atomic::Ordering::Relaxed)
-}
-
-fn client(h: &ServerHandle) -> HttpClient {
-    HttpClient::new(h.addr).with_timeout(Duration::from_secs(20))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
