@@ -17,7 +17,7 @@ fn engines(c: &mut Criterion) {
         group.throughput(Throughput::Elements(batch as u64));
         let x = inputs(batch, 20, 7);
         for name in ["burn", "fused", "int8"] {
-            let mut engine = build_engine(name, &weights, 1).expect("CPU engine");
+            let mut engine = build_engine(name.parse().unwrap(), &weights, 1).expect("CPU engine");
             engine.warm_up(&[batch]).expect("warm-up");
             let mut out = HeadOutput::default();
             group.bench_with_input(BenchmarkId::new(name, batch), &x, |b, x| {

@@ -370,8 +370,8 @@ struct PredictArgs {
     /// bit-identical whatever the file's size), `burn` (the Burn module itself), `fused`, or
     /// the quantised `int8` / `auto-int8` (explicit only; the measured max |Δ| vs `fused` on
     /// the input rows is printed).
-    #[arg(long, default_value = kiln::records::AUTO_ENGINE)]
-    engine: String,
+    #[arg(long, default_value = kiln::records::AUTO_ENGINE, value_parser = cli::parse_engine)]
+    engine: kiln::records::EngineKind,
 }
 
 fn run(cli: Cli) -> CliResult {
@@ -512,7 +512,7 @@ fn run(cli: Cli) -> CliResult {
             ),
         },
         Command::Predict(a) => {
-            cli::predict::run(&a.checkpoint, &a.input, a.output.as_deref(), &a.engine)
+            cli::predict::run(&a.checkpoint, &a.input, a.output.as_deref(), a.engine)
         }
         Command::Pick(a) => cli::pick::run(&a),
         Command::Mvn(a) => cli::mvn::run(&a).map_err(cli::CliError::input),

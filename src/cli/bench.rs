@@ -112,8 +112,8 @@ pub struct BenchServeArgs {
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
     /// Engine of the in-process server.
-    #[arg(long)]
-    pub engine: Option<String>,
+    #[arg(long, value_parser = super::parse_serve_engine)]
+    pub engine: Option<kiln::records::EngineKind>,
     /// Batching policy of the in-process server.
     #[arg(long, default_value = "idle", value_name = "idle|delay")]
     pub batching: kiln::serve::BatchingPolicy,
@@ -182,7 +182,7 @@ pub fn serve(args: &BenchServeArgs) -> CliResult {
         model: args.model.clone(),
         pick_model: args.pick_model.clone(),
         url: args.url.clone(),
-        engine: args.engine.clone(),
+        engine: args.engine,
         batcher: kiln::serve::BatcherConfig {
             policy: args.batching,
             instances: args.instances,

@@ -192,13 +192,13 @@ fn checks(args: &GpuCheckArgs, mut report: Value) -> CliResult {
 /// `cuda-bf16` and `cuda-f32` against the Burn f32 CPU forward; (report, all within bound).
 #[cfg(feature = "cuda")]
 fn agreement() -> Result<(Value, bool), String> {
-    use kiln::infer::{HeadOutput, build_engine};
+    use kiln::infer::{EngineKind, HeadOutput, build_engine};
     let w = kiln::infer::reference_weights(2);
     let nf = w.arch.n_features;
-    let mut cpu = build_engine("burn", &w, 1).map_err(|e| e.to_string())?;
+    let mut cpu = build_engine(EngineKind::Burn, &w, 1).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     let mut all = true;
-    for (name, rel) in [("cuda-bf16", 1e-2f32), ("cuda-f32", 1e-3)] {
+    for (name, rel) in [(EngineKind::CudaBf16, 1e-2f32), (EngineKind::CudaF32, 1e-3)] {
         let mut e = build_engine(name, &w, 1).map_err(|e| format!("{name}: {e}"))?;
         let mut worst_frac = 0f32;
         for rows in [1usize, 7, 1000, 9000, 70000] {

@@ -48,3 +48,19 @@ impl<E: Into<anyhow::Error>> From<E> for CliError {
 
 /// Result of a command.
 pub type CliResult = Result<(), CliError>;
+
+/// `--engine E` of the commands that build an engine: an engine this build names, or the
+/// engines' own message (`unknown engine "E" (expected one of: …)`).
+pub fn parse_engine(s: &str) -> Result<kiln::records::EngineKind, String> {
+    kiln::infer::parse_engine(s).map_err(|e| e.to_string())
+}
+
+/// `--engine E` of the commands that start a server (`kiln serve`, `kiln bench loadtest`):
+/// an engine this build has, or the server's message (`unknown engine `E`; expected one of:
+/// …`).
+pub fn parse_serve_engine(s: &str) -> Result<kiln::records::EngineKind, String> {
+    s.parse::<kiln::records::EngineKind>()
+        .ok()
+        .filter(|k| k.is_built())
+        .ok_or_else(|| kiln::serve::server::unknown_engine(s))
+}

@@ -25,10 +25,6 @@ use kiln::model::mvn::lines::{LinesSummary, answer_lines};
 use kiln::model::mvn::{HaltonMvnCdfConfig, MvnMethod, PointSet};
 use kiln::simd::Isa;
 
-fn parse_method(s: &str) -> Result<MvnMethod, String> {
-    s.parse()
-}
-
 /// A forced vector path, or `None` for the best this CPU has.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IsaChoice(pub Option<Isa>);
@@ -69,7 +65,7 @@ pub struct MvnArgs {
     pub input: Option<PathBuf>,
     /// Estimator: `genz` (separation of variables; accurate) or `naive` (fraction of points in
     /// the box; rough).
-    #[arg(long, default_value = "genz", value_parser = parse_method)]
+    #[arg(long, default_value = "genz")]
     pub method: MvnMethod,
     /// Points per randomisation (the work per query is points × randomisations).
     #[arg(long, default_value_t = 4096)]
@@ -112,10 +108,6 @@ impl Sequence {
             PointSet::Halton
         })
     }
-}
-
-fn parse_sequence(s: &str) -> Result<PointSet, String> {
-    s.parse()
 }
 
 fn parse_sequence_or_auto(s: &str) -> Result<Sequence, String> {
@@ -187,7 +179,7 @@ pub struct MvnBenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Methods to run (comma-separated: genz, naive).
-    #[arg(long, value_delimiter = ',', default_value = "genz,naive", value_parser = parse_method)]
+    #[arg(long, value_delimiter = ',', default_value = "genz,naive")]
     pub method: Vec<MvnMethod>,
     /// Dimensions (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,12")]
@@ -206,7 +198,7 @@ pub struct MvnBenchArgs {
     #[arg(long, default_value_t = 256)]
     pub min_points: usize,
     /// Point sets (comma-separated: halton, sobol), each a separate setting.
-    #[arg(long, value_delimiter = ',', default_value = "halton", value_parser = parse_sequence)]
+    #[arg(long, value_delimiter = ',', default_value = "halton")]
     pub sequence: Vec<PointSet>,
     /// Randomisations per query.
     #[arg(long, default_value_t = 8)]

@@ -18,8 +18,8 @@ pub struct ProfileInferArgs {
     pub reference: bool,
     /// Inference engine (default: `auto`, the fastest exact engine, as everywhere; `burn`
     /// shows the network's module spans).
-    #[arg(long, default_value = kiln::records::AUTO_ENGINE)]
-    pub engine: String,
+    #[arg(long, default_value = kiln::records::AUTO_ENGINE, value_parser = super::parse_engine)]
+    pub engine: kiln::records::EngineKind,
     /// Rows per call.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
@@ -53,7 +53,7 @@ impl ProfileInferArgs {
     fn options(&self) -> ProfileInferOptions {
         ProfileInferOptions {
             checkpoint: self.checkpoint.clone(),
-            engine: self.engine.clone(),
+            engine: self.engine,
             batch: self.batch,
             iters: self.iters,
             warmup: self.warmup,

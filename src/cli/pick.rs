@@ -43,8 +43,8 @@ pub struct PickArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Inference engine (default: `auto`, the fastest exact engine, as everywhere).
-    #[arg(long, default_value = kiln::records::AUTO_ENGINE)]
-    pub engine: String,
+    #[arg(long, default_value = kiln::records::AUTO_ENGINE, value_parser = super::parse_engine)]
+    pub engine: kiln::records::EngineKind,
     /// One JSON line per pick.
     #[arg(long)]
     pub json: bool,
@@ -170,7 +170,7 @@ pub fn run(a: &PickArgs) -> CliResult {
         .with_method(MvnMethod::Genz)
         .init::<kiln::backend::Cpu>(&Default::default())
         .map_err(CliError::input)?;
-    let engine = build_engine(&a.engine, &ckpt.weights, 1).map_err(CliError::input)?;
+    let engine = build_engine(a.engine, &ckpt.weights, 1).map_err(CliError::input)?;
     let mut predictor = Predictor::for_checkpoint(&ckpt, engine);
     let results =
         pick::evaluate(&mut predictor, &mvn, &corr, &rows, &legs).map_err(|e| match e {

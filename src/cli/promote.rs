@@ -50,8 +50,8 @@ pub struct PromoteArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Engine to measure both models with (default: the serving default).
-    #[arg(long)]
-    pub engine: Option<String>,
+    #[arg(long, value_parser = super::parse_engine)]
+    pub engine: Option<kiln::records::EngineKind>,
     /// Tolerated increase of any target's test MSE: `10%` or `0.10`. Refused only when the
     /// increase's lower confidence bound exceeds it.
     #[arg(long, default_value = "10%", value_parser = parse_fraction, value_name = "FRACTION")]
@@ -114,7 +114,7 @@ impl PromoteArgs {
 pub fn run(a: &PromoteArgs) -> CliResult {
     let opts = PromoteOptions {
         config: a.config.clone(),
-        engine: a.engine.clone(),
+        engine: a.engine,
         gates: Gates {
             max_mse_increase: a.max_mse_increase,
             max_nll_increase: a.max_nll_increase,

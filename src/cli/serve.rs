@@ -39,8 +39,8 @@ pub struct ServeArgs {
     /// Inference engine for regression models (default: `auto`, the fastest exact CPU
     /// engine: an answer does not depend on the batch it was run in; `int8` or `auto-int8`
     /// (int8 per batch-size bucket where faster) quantise, by explicit choice only).
-    #[arg(long)]
-    pub engine: Option<String>,
+    #[arg(long, value_parser = super::parse_serve_engine)]
+    pub engine: Option<kiln::records::EngineKind>,
     /// Inference instances per model, each owning an engine.
     #[arg(long, default_value_t = 2)]
     pub instances: usize,
@@ -176,7 +176,7 @@ impl ServeArgs {
             repository: self.repository.clone(),
             host: self.host.clone(),
             port: self.port,
-            engine: self.engine.clone(),
+            engine: self.engine,
             batcher: BatcherConfig {
                 policy: self.batching,
                 max_batch_size: self.max_batch_size,

@@ -124,14 +124,17 @@ async fn variance_scaling_moves_test_calibration_toward_nominal_in_every_consume
     // The Predictor (kiln predict, kiln pick): σ = s · σ of the uncalibrated network.
     let n = 9;
     let x = crate::common::rows_around_means(&export, n, 5);
-    let mut p = Predictor::for_checkpoint(&ckpt, build_engine("burn", &ckpt.weights, 1).unwrap());
+    let mut p = Predictor::for_checkpoint(
+        &ckpt,
+        build_engine(kiln::records::EngineKind::Burn, &ckpt.weights, 1).unwrap(),
+    );
     let cal_pred = p.predict(&x, n).unwrap();
     let mut raw = ckpt.weights.clone();
     for (b, s) in raw.logvar_head.b.iter_mut().zip(&info.std_scale) {
         *b = (*b as f64 - (s * s).ln()) as f32;
     }
     let mut pu = Predictor::new(
-        build_engine("burn", &raw, 1).unwrap(),
+        build_engine(kiln::records::EngineKind::Burn, &raw, 1).unwrap(),
         &m.features,
         &m.targets,
     );
@@ -226,7 +229,10 @@ fn pick_evaluate_scores_single_legs_like_an_independent_count() {
     let mut data_cfg = loaded.config.data.clone();
     data_cfg.path = root().join(&data_cfg.path);
     let data = kiln::data::Dataset::load(&data_cfg).unwrap();
-    let mut p = Predictor::for_checkpoint(&ckpt, build_engine("burn", &ckpt.weights, 1).unwrap());
+    let mut p = Predictor::for_checkpoint(
+        &ckpt,
+        build_engine(kiln::records::EngineKind::Burn, &ckpt.weights, 1).unwrap(),
+    );
     let rows = data.test.rows();
     let pred = p.predict(&data.test.x, rows).unwrap();
     let nf = data.features.len();

@@ -42,6 +42,48 @@ pub fn kiln(args: &[&str]) -> Output {
         .expect("run kiln")
 }
 
+/// [`kiln`] with `env` set (and without `KILN_FAULT`, so that only the faults a test plants
+/// fire).
+pub fn kiln_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .current_dir(root())
+        .env_remove("KILN_LOG")
+        .env_remove("NO_COLOR")
+        .env_remove("MLFLOW_TRACKING_URI")
+        .env_remove("KILN_FAULT")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run kiln")
+}
+
+/// A command's standard error, as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A command's standard output, as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The single run directory under `<export>/runs/` (asserted: exactly one).
+pub fn only_run(export: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> = std::fs::read_dir(export.join("runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs[0].clone()
+}
+
+/// [`tiny_config`] writing under `dir/out`, with nothing substituted.
+pub fn tiny_in(dir: &Path) -> PathBuf {
+    tiny_config(dir, &dir.join("out"), &[])
+}
+
 /// `configs/tiny.yaml` with its export directory at `export_dir` and the substitutions
 /// `subst` applied (each must match), written to `dir/tiny.yaml`.
 pub fn tiny_config(dir: &Path, export_dir: &Path, subst: &[(&str, &str)]) -> PathBuf {
@@ -78,7 +120,7 @@ pub fn serve_config(repo: &Path, engine: &str) -> ServeConfig {
     ServeConfig {
         repository: repo.to_path_buf(),
         port: 0,
-        engine: Some(engine.into()),
+        engine: Some(engine.parse().unwrap()),
         batcher: BatcherConfig {
             policy: BatchingPolicy::Idle,
             max_batch_size: 64,
@@ -91,6 +133,11 @@ pub fn serve_config(repo: &Path, engine: &str) -> ServeConfig {
         poll_interval: None,
         ..ServeConfig::default()
     }
+}
+
+/// An HTTP client of `h` (a generous timeout: it bounds only a failing test's wait).
+pub fn client(h: &ServerHandle) -> kiln::loadgen::client::HttpClient {
+    kiln::loadgen::client::HttpClient::new(h.addr).with_timeout(Duration::from_secs(60))
 }
 
 /// Start a server and wait (up to a minute) until it is ready.
@@ -131,7 +178,7 @@ fn train_tiny(name: &str, measured: bool) -> PathBuf {
     let loaded = config::load(&path).unwrap();
     let run = RunDir::create(&loaded.config.export.dir, &loaded.config.name).unwrap();
     std::fs::write(run.config_file(), &loaded.text).unwrap();
-    let measure = kiln::run::measure::RunMeasure::new(loaded.config.export.engine.as_deref());
+    let measure = kiln::run::measure::RunMeasure::new(loaded.config.export.engine_kind());
     let job = TrainJob {
         observer: None,
         teacher: None,
@@ -301,4 +348,54 @@ pub fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
     frame.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
     frame.extend_from_slice(&bytes);
     frame
+}
+
+/// A registry with 34 finished runs whose latencies are planted (no training needed), run
+/// directory `run_dir`; with `with_band` every seventh run (`run-03`, `run-10`, …) is 3.4×
+/// slower than its peers. The runs' ids, in order.
+pub fn planted_runs(
+    reg: &kiln::track::registry::Registry,
+    run_dir: &Path,
+    with_band: bool,
+) -> Vec<String> {
+    use kiln::track::registry::{NewRun, RunEnd};
+    let base = std::fs::read_to_string(root().join("configs/baseball.yaml")).unwrap();
+    let mut ids = Vec::new();
+    for i in 0..34 {
+        let slow = with_band && i % 7 == 3;
+        let hidden = if slow {
+            "[49, 49]".to_string()
+        } else {
+            format!("[{}, 48]", 46 + (i % 4))
+        };
+        let text = base.replace("hidden: [48, 48]", &format!("hidden: {hidden}"));
+        let id = format!("run-{i:02}");
+        reg.start_run(&NewRun {
+            id: &id,
+            name: "baseball",
+            run_dir,
+            config_text: &text,
+            config_sha256: "x",
+            started_at: &format!("2026-11-29T10:{i:02}:00Z"),
+            environment: Default::default(),
+        })
+        .unwrap();
+        let params = if slow { 3858 } else { 3750 + (i * 3) as i64 };
+        let lat =
+            600.0 * (1.0 + 0.05 * ((i % 5) as f64 - 2.0) / 2.0) * if slow { 3.4 } else { 1.0 };
+        reg.finish_run(
+            &id,
+            &RunEnd {
+                status: kiln::records::RunState::Finished,
+                param_count: Some(params),
+                val_metric: Some(0.4 + 0.001 * (i % 6) as f64),
+                latency_b1_p50_us: Some(lat),
+                latency_b128_p50_us: Some(lat * 20.0),
+                ..RunEnd::default()
+            },
+        )
+        .unwrap();
+        ids.push(id);
+    }
+    ids
 }

@@ -4,14 +4,7 @@
 use std::path::Path;
 
 use crate::common::{kiln, root, tiny_config};
-
-fn stderr(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use crate::common::{stderr, stdout};
 
 #[test]
 fn config_check_and_train_refuse_bad_data_before_any_run_directory() {

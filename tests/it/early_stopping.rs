@@ -8,6 +8,7 @@ use std::process::Command;
 
 use kiln::artifact::Checkpoint;
 
+use crate::common::only_run;
 use crate::common::{kiln, root, tiny_config};
 
 /// The tiny config with its first stage given `epochs` and `early_stopping`.
@@ -22,16 +23,6 @@ fn config(dir: &Path, epochs: usize, patience: usize, min_delta: f64) -> PathBuf
             ),
         )],
     )
-}
-
-fn only_run(export: &Path) -> PathBuf {
-    let runs: Vec<PathBuf> = std::fs::read_dir(export.join("runs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    runs.into_iter().next().unwrap()
 }
 
 /// (stage, validation loss) per epoch, from the run's `epochs.jsonl`.

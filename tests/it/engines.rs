@@ -192,8 +192,12 @@ fn multithreaded_engines_give_the_single_thread_results_exactly() {
     for rows in [2048, 5000, 8191] {
         let x = inputs(rows, 20, rows as u64);
         for name in ["fused", "int8"] {
-            let one = run(build_engine(name, &w, 1).unwrap().as_mut(), &x, rows);
-            let mut e = build_engine(name, &w, 3).unwrap();
+            let one = run(
+                build_engine(name.parse().unwrap(), &w, 1).unwrap().as_mut(),
+                &x,
+                rows,
+            );
+            let mut e = build_engine(name.parse().unwrap(), &w, 3).unwrap();
             assert_eq!(e.threads(), 3);
             let many = run(e.as_mut(), &x, rows);
             assert_eq!(one, many, "{name} with 3 threads, batch {rows}");
@@ -205,7 +209,7 @@ fn multithreaded_engines_give_the_single_thread_results_exactly() {
 fn engines_reuse_buffers_and_reject_bad_shapes() {
     let w = reference_weights(5);
     for name in ["fused", "int8", "burn"] {
-        let mut e = build_engine(name, &w, 1).unwrap();
+        let mut e = build_engine(name.parse().unwrap(), &w, 1).unwrap();
         let mut out = HeadOutput::default();
         // Shrinking and growing batches through one output buffer.
         for rows in [64, 3, 1000, 1, 0] {
@@ -213,7 +217,11 @@ fn engines_reuse_buffers_and_reject_bad_shapes() {
             e.forward(&x, rows, &mut out).unwrap();
             assert_eq!(out.mean.len(), rows * 3, "{name}");
             if rows > 0 {
-                let fresh = run(build_engine(name, &w, 1).unwrap().as_mut(), &x, rows);
+                let fresh = run(
+                    build_engine(name.parse().unwrap(), &w, 1).unwrap().as_mut(),
+                    &x,
+                    rows,
+                );
                 assert_eq!(out, fresh, "{name}: stale values after a batch change");
             }
         }
@@ -226,7 +234,7 @@ fn engines_reuse_buffers_and_reject_bad_shapes() {
 fn fused_and_int8_do_not_allocate_after_warm_up() {
     let w = reference_weights(11);
     for name in ["fused", "int8", "auto"] {
-        let mut e = build_engine(name, &w, 1).unwrap();
+        let mut e = build_engine(name.parse().unwrap(), &w, 1).unwrap();
         let batches = [1, 32, 1024, 77];
         e.warm_up(&batches).unwrap();
         let xs: Vec<Vec<f32>> = batches.iter().map(|&b| inputs(b, 20, 1)).collect();
@@ -253,11 +261,11 @@ fn engines_are_built_by_name() {
     let w = reference_weights(1);
     for name in ["burn", "burn-ndarray", "fused", "int8", "auto", "auto-int8"] {
         assert!(engine_names().contains(&name));
-        let e = build_engine(name, &w, 0).unwrap();
+        let e = build_engine(name.parse().unwrap(), &w, 0).unwrap();
         assert_eq!(e.name(), name);
         assert_eq!(e.arch(), &RegressionNetConfig::reference());
     }
-    let Err(err) = build_engine("tensorrt", &w, 1) else {
+    let Err(err) = kiln::infer::parse_engine("tensorrt") else {
         panic!("unknown engine accepted")
     };
     assert!(
@@ -266,7 +274,7 @@ fn engines_are_built_by_name() {
     );
     let mut bad = w.clone();
     bad.backbone[1].w.pop();
-    let Err(err) = build_engine("fused", &bad, 1) else {
+    let Err(err) = build_engine(kiln::records::EngineKind::Fused, &bad, 1) else {
         panic!("inconsistent weights accepted")
     };
     assert!(matches!(err, InferError::InvalidWeights(_)), "{err}");
@@ -292,7 +300,7 @@ fn auto_int8_answers_every_batch_size_exactly_as_the_engine_it_chose_for_its_buc
         assert_eq!(choice.candidates[0], "fused");
         // int8's documented bound holds for these seeded networks, so it is a candidate.
         assert!(
-            choice.candidates.contains(&"int8".to_string()),
+            choice.candidates.contains(&kiln::records::EngineKind::Int8),
             "{:?}",
             choice.rejected
         );
@@ -316,15 +324,10 @@ fn auto_int8_answers_every_batch_size_exactly_as_the_engine_it_chose_for_its_buc
                 .iter()
                 .position(|&b| b >= rows)
                 .map_or(&choice.buckets[buckets.len() - 1], |i| &choice.buckets[i])
-                .engine
-                .clone();
+                .engine;
             assert_eq!(choice.engine_for(rows), want_engine);
             let got = run(&mut auto, &x, rows);
-            let want = run(
-                build_engine(&want_engine, &w, 1).unwrap().as_mut(),
-                &x,
-                rows,
-            );
+            let want = run(build_engine(want_engine, &w, 1).unwrap().as_mut(), &x, rows);
             assert_eq!(got, want, "auto at batch {rows} vs {want_engine}");
         }
         let err = auto.forward(&vec![0.0; nf + 1], 1, &mut HeadOutput::default());
@@ -344,7 +347,7 @@ fn auto_int8_answers_every_batch_size_exactly_as_the_engine_it_chose_for_its_buc
     // Other engines have no choice to show.
     let w = reference_weights(21);
     assert!(
-        build_engine("fused", &w, 1)
+        build_engine(kiln::records::EngineKind::Fused, &w, 1)
             .unwrap()
             .auto_choice()
             .is_none()
@@ -359,9 +362,10 @@ fn the_cuda_engines_are_a_clear_error_without_a_usable_gpu() {
     let w = reference_weights(3);
     let probe = kiln::backend::cuda_probe().map(|_| ());
     for name in ["cuda-bf16", "cuda-f32"] {
-        let built =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build_engine(name, &w, 1)))
-                .unwrap_or_else(|_| panic!("building {name} panicked"));
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            build_engine(name.parse().unwrap(), &w, 1)
+        }))
+        .unwrap_or_else(|_| panic!("building {name} panicked"));
         match (&probe, built) {
             (Err(why), Err(e)) => {
                 let msg = e.to_string();
@@ -395,7 +399,7 @@ fn cuda_bf16_agrees_with_f32_within_1e2_relative() {
     let w = reference_weights(2);
     // (engine, relative bound): bf16 keeps 8 mantissa bits; f32 may use TF32 matmuls.
     for (name, rel) in [("cuda-bf16", 1e-2f32), ("cuda-f32", 1e-3)] {
-        let mut e = match build_engine(name, &w, 1) {
+        let mut e = match build_engine(name.parse().unwrap(), &w, 1) {
             Ok(e) => e,
             Err(other) => panic!("{name}: {other}"),
         };

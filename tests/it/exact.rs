@@ -120,7 +120,7 @@ fn every_exact_engine_gives_a_row_the_same_bits_whatever_the_batch_and_position(
                 assert_batch_invariant(&label, &mut e, &x, pool);
             }
         }
-        let mut auto = build_engine("auto", &w, 1).unwrap();
+        let mut auto = build_engine(kiln::records::EngineKind::Auto, &w, 1).unwrap();
         auto.warm_up(&[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
             .unwrap();
         assert_batch_invariant(&format!("auto on {net}"), auto.as_mut(), &x, pool);
@@ -160,7 +160,9 @@ fn auto_never_chooses_int8_and_auto_int8_says_how_far_int8_moves_the_answers() {
     let c = q.choice().clone();
     assert_eq!(q.name(), "auto-int8");
     assert_eq!(
-        build_engine("auto-int8", &w, 1).unwrap().name(),
+        build_engine(kiln::records::EngineKind::AutoInt8, &w, 1)
+            .unwrap()
+            .name(),
         "auto-int8"
     );
     assert_eq!(c.candidates, ["fused", "int8"], "{}", c.summary());

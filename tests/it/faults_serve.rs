@@ -71,7 +71,7 @@ fn export_variant(dest: &Path, shift: f32) {
 
 fn predictor(dir: &Path) -> Predictor {
     let ckpt = Checkpoint::load(dir).unwrap();
-    let engine = build_engine(ENGINE, &ckpt.weights, 1).unwrap();
+    let engine = build_engine(ENGINE.parse().unwrap(), &ckpt.weights, 1).unwrap();
     Predictor::for_checkpoint(&ckpt, engine)
 }
 

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use crate::common::{kiln, kiln_env, stderr};
 use kiln::artifact::Checkpoint;
 use kiln::track::registry::Registry;
 
@@ -36,23 +37,6 @@ const SIGKILL: i32 = 9;
 
 fn full() -> bool {
     std::env::var_os("KILN_FAULTS_FULL").is_some_and(|v| v != "0" && !v.is_empty())
-}
-
-fn kiln_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    c.args(args).current_dir(root()).env_remove("KILN_FAULT");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("run kiln")
-}
-
-fn kiln(args: &[&str]) -> Output {
-    kiln_env(args, &[])
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// `configs/tiny.yaml` with its export directory at `export_dir`, written to `dir/tiny.yaml`.

@@ -5,18 +5,14 @@
 //! row, never `inf` or `NaN` in the output.
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 use crate::common::{copy_dir, kiln, trained};
 
+use crate::common::stderr;
 use kiln::artifact::{
     ArtifactError, Checkpoint, HostWeights, WEIGHTS_FILE, export, read_manifest,
     tensors_to_safetensors, write_manifest,
 };
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// A copy of the trained checkpoint whose weights file holds `weights` (written as is, not
 /// checked), with the manifest's weights hash updated and re-sealed: everything is

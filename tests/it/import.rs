@@ -144,7 +144,7 @@ fn a_pytorch_state_dict_answers_like_the_burn_module_in_every_engine() {
     let ref_lv = out.log_var.into_data().to_vec::<f32>().unwrap();
 
     for name in cpu_engine_names() {
-        let mut e = build_engine(name, &ckpt.weights, 1).unwrap();
+        let mut e = build_engine(name.parse().unwrap(), &ckpt.weights, 1).unwrap();
         let mut h = HeadOutput::default();
         e.forward(&x_norm, rows, &mut h).unwrap();
         for (got, want) in [(&h.mean, &ref_mean), (&h.log_var, &ref_lv)] {
@@ -165,7 +165,10 @@ fn a_pytorch_state_dict_answers_like_the_burn_module_in_every_engine() {
         .chunks(3)
         .flat_map(|r| [r[0] * 4.0 + 10.0, r[1], r[2] * 0.5 - 1.5])
         .collect();
-    let mut p = Predictor::for_checkpoint(&ckpt, build_engine("burn", &ckpt.weights, 1).unwrap());
+    let mut p = Predictor::for_checkpoint(
+        &ckpt,
+        build_engine(kiln::records::EngineKind::Burn, &ckpt.weights, 1).unwrap(),
+    );
     let pred = p.predict(&x_raw, rows).unwrap();
     for i in 0..rows * 2 {
         let (mu, sd) = if i % 2 == 0 { (0.0, 1.0) } else { (0.25, 0.1) };

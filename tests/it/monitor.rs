@@ -7,10 +7,10 @@
 use std::time::Duration;
 
 use kiln::loadgen::client::HttpClient;
-use kiln::serve::ServerHandle;
 use kiln::serve::metrics::sample;
 use serde_json::{Value, json};
 
+use crate::common::client;
 use crate::common::{repository_of, root, serve, serve_config, tiny_config, trained};
 
 /// The tiny model's training and test rows (raw network inputs).
@@ -61,10 +61,6 @@ fn feature<'a>(report: &'a Value, name: &str) -> &'a Value {
         .iter()
         .find(|f| f["feature"] == name)
         .unwrap_or_else(|| panic!("no feature {name} in {report}"))
-}
-
-fn client(h: &ServerHandle) -> HttpClient {
-    HttpClient::new(h.addr).with_timeout(Duration::from_secs(30))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 //! kinds, and the runs report's hover text, labels, log axis and config columns.
 
 use crate::common::root;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use kiln::observe::profiler::{KeyAverage, KeyAverages};
 use kiln::track::registry::{NewRun, Registry, RunEnd};
@@ -12,10 +12,7 @@ use kiln::track::registry::{NewRun, Registry, RunEnd};
 /// The binary with stdout and stderr on pipes (not terminals) and no logging settings
 /// inherited from the caller.
 use crate::common::kiln;
-
-fn tiny_in(dir: &Path) -> PathBuf {
-    crate::common::tiny_config(dir, &dir.join("out"), &[])
-}
+use crate::common::tiny_in;
 
 fn new_run<'a>(id: &'a str, dir: &'a Path, config_text: &'a str) -> NewRun<'a> {
     NewRun {

@@ -279,7 +279,7 @@ fn inference_profiles_on_identical_inputs_and_diff() {
     let tmp = tempfile::tempdir().unwrap();
     let args = |batch: usize, out: &str| ProfileInferOptions {
         checkpoint: None,
-        engine: "burn".into(),
+        engine: kiln::records::EngineKind::Burn,
         batch,
         iters: 20,
         warmup: 5,

@@ -18,6 +18,7 @@ use kiln::artifact::{Checkpoint, Manifest, manifest_digest};
 use kiln::records::RunDir;
 use kiln::run::{RunObserver, RunOptions, TrainingRun};
 
+use crate::common::only_run;
 use crate::common::{kiln, root};
 
 /// `O_NONBLOCK` (Linux): opening a pipe's read end without waiting for a writer.
@@ -101,18 +102,6 @@ fn tiny_on(dir: &Path, data: &Path, subst: &[(&str, &str)]) -> PathBuf {
 
 fn baseball_csv() -> Vec<u8> {
     std::fs::read(root().join("datasets/baseball.csv")).unwrap()
-}
-
-/// The single run directory under `<export>/runs/`.
-fn only_run(export: &Path) -> PathBuf {
-    let runs: Vec<PathBuf> = std::fs::read_dir(export.join("runs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    runs[0].clone()
 }
 
 /// The measurements a fresh export's manifest must already hold.

@@ -92,7 +92,7 @@ fn inputs(ckpt: &Checkpoint, rows: usize, seed: u64) -> Vec<f32> {
 
 /// `kiln predict`'s library path: the checkpoint's normalisation around the `burn` engine.
 fn kiln_predict(ckpt: &Checkpoint, x: &[f32], rows: usize) -> Prediction {
-    let engine = build_engine("burn", &ckpt.weights, 1).unwrap();
+    let engine = build_engine(kiln::records::EngineKind::Burn, &ckpt.weights, 1).unwrap();
     Predictor::for_checkpoint(ckpt, engine)
         .predict(x, rows)
         .unwrap()

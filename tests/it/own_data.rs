@@ -14,14 +14,7 @@ use kiln::serve::grpc::proto::{self as pb, model_infer_request as mir};
 use serde_json::{Value, json};
 
 use crate::common::{copy_dir, kiln, root, serve};
-
-fn stderr(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use crate::common::{stderr, stdout};
 
 const STORES: [&str; 5] = ["north", "south", "east", "west", "depot"];
 

@@ -100,7 +100,8 @@ fn pick_probabilities_from_a_checkpoint() {
     // (the library's predictor on the dataset's row, found by its key), and Φ by numerical
     // integration of the normal density.
     let checkpoint = kiln::artifact::Checkpoint::load(&export).unwrap();
-    let engine = kiln::infer::build_engine("burn", &checkpoint.weights, 1).unwrap();
+    let engine =
+        kiln::infer::build_engine(kiln::records::EngineKind::Burn, &checkpoint.weights, 1).unwrap();
     let mut predictor = kiln::predict::Predictor::for_checkpoint(&checkpoint, engine);
     let targets = checkpoint.manifest.target_names();
     let mut leg = |player: &str, target: &str, line: f64, over: bool| -> f64 {

@@ -37,7 +37,7 @@ fn run_in_process(
 /// [`run_in_process`] with the run layer's measurements before the export (what
 /// `kiln train` stores in the manifest: int8 accuracy change, latency, pick evaluation).
 fn run_measured(loaded: &LoadedConfig, run: &RunDir) -> Trained<TrainCpu> {
-    let measure = kiln::run::measure::RunMeasure::new(loaded.config.export.engine.as_deref());
+    let measure = kiln::run::measure::RunMeasure::new(loaded.config.export.engine_kind());
     train_job(loaded, run, false, None, Some(&measure))
 }
 

@@ -2,10 +2,10 @@
 //! `kiln runs` commands, the regression detector's exit code, reports, and sweeps.
 
 use crate::common::root;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use kiln::track::registry::{NewRun, Registry, RunEnd};
+use kiln::track::registry::Registry;
 
 /// Held by every test here that trains or measures: the engine drill's latency benchmark must
 /// not share the two cores with another test's training (a 0.1 µs batch-1 latency moves by
@@ -17,10 +17,7 @@ fn cpu() -> std::sync::MutexGuard<'static, ()> {
 }
 
 use crate::common::kiln;
-
-fn tiny_in(dir: &Path) -> PathBuf {
-    crate::common::tiny_config(dir, &dir.join("out"), &[])
-}
+use crate::common::{planted_runs, tiny_in};
 
 #[test]
 fn concurrent_runs_are_all_registered_with_latency() {
@@ -114,55 +111,11 @@ fn concurrent_runs_are_all_registered_with_latency() {
     assert_eq!(missing.status.code(), Some(2));
 }
 
-/// A registry with runs whose latencies are planted (no training needed).
-fn planted(path: &Path, with_band: bool) -> Vec<String> {
-    let reg = Registry::open(path).unwrap();
-    let base = std::fs::read_to_string(root().join("configs/baseball.yaml")).unwrap();
-    let mut ids = Vec::new();
-    for i in 0..34 {
-        let slow = with_band && i % 7 == 3;
-        let hidden = if slow {
-            "[49, 49]".to_string()
-        } else {
-            format!("[{}, 48]", 46 + (i % 4))
-        };
-        let text = base.replace("hidden: [48, 48]", &format!("hidden: {hidden}"));
-        let id = format!("run-{i:02}");
-        reg.start_run(&NewRun {
-            id: &id,
-            name: "baseball",
-            run_dir: path.parent().unwrap(),
-            config_text: &text,
-            config_sha256: "x",
-            started_at: &format!("2026-11-29T10:{i:02}:00Z"),
-            environment: Default::default(),
-        })
-        .unwrap();
-        let params = if slow { 3858 } else { 3750 + (i * 3) as i64 };
-        let lat =
-            600.0 * (1.0 + 0.05 * ((i % 5) as f64 - 2.0) / 2.0) * if slow { 3.4 } else { 1.0 };
-        reg.finish_run(
-            &id,
-            &RunEnd {
-                status: kiln::records::RunState::Finished,
-                param_count: Some(params),
-                val_metric: Some(0.4 + 0.001 * (i % 6) as f64),
-                latency_b1_p50_us: Some(lat),
-                latency_b128_p50_us: Some(lat * 20.0),
-                ..RunEnd::default()
-            },
-        )
-        .unwrap();
-        ids.push(id);
-    }
-    ids
-}
-
 #[test]
 fn regressions_exit_non_zero_on_a_planted_band_and_zero_on_a_clean_set() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("band.db");
-    planted(&db, true);
+    planted_runs(&Registry::open(&db).unwrap(), tmp.path(), true);
     let o = kiln(&["runs", "--registry", db.to_str().unwrap(), "regressions"]);
     assert_eq!(
         o.status.code(),
@@ -182,7 +135,7 @@ fn regressions_exit_non_zero_on_a_planted_band_and_zero_on_a_clean_set() {
     );
 
     let clean = tmp.path().join("clean.db");
-    planted(&clean, false);
+    planted_runs(&Registry::open(&clean).unwrap(), tmp.path(), false);
     let o = kiln(&[
         "runs",
         "--registry",

@@ -8,7 +8,6 @@
 //! Checks: round trip, migrations from empty, 8 concurrent writer processes losing nothing,
 //! heartbeat reaping across hosts, the regression detector and the report.
 
-use crate::common::root;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -396,53 +395,12 @@ fn heartbeats_reap_runs_of_other_hosts(backend: Backend) {
     assert_eq!(status("remote-alive").status, "killed");
 }
 
-/// A registry with runs whose latencies are planted (no training needed): every seventh run
-/// is 3.4× slower than its peers.
-fn planted(reg: &Registry, with_band: bool) {
-    let base = std::fs::read_to_string(root().join("configs/baseball.yaml")).unwrap();
-    for i in 0..34 {
-        let slow = with_band && i % 7 == 3;
-        let hidden = if slow {
-            "[49, 49]".to_string()
-        } else {
-            format!("[{}, 48]", 46 + (i % 4))
-        };
-        let text = base.replace("hidden: [48, 48]", &format!("hidden: {hidden}"));
-        let id = format!("run-{i:02}");
-        reg.start_run(&NewRun {
-            id: &id,
-            name: "baseball",
-            run_dir: Path::new("/tmp"),
-            config_text: &text,
-            config_sha256: "x",
-            started_at: &format!("2026-11-29T10:{i:02}:00Z"),
-            environment: Default::default(),
-        })
-        .unwrap();
-        let params = if slow { 3858 } else { 3750 + (i * 3) as i64 };
-        let lat =
-            600.0 * (1.0 + 0.05 * ((i % 5) as f64 - 2.0) / 2.0) * if slow { 3.4 } else { 1.0 };
-        reg.finish_run(
-            &id,
-            &RunEnd {
-                status: kiln::records::RunState::Finished,
-                param_count: Some(params),
-                val_metric: Some(0.4 + 0.001 * (i % 6) as f64),
-                latency_b1_p50_us: Some(lat),
-                latency_b128_p50_us: Some(lat * 20.0),
-                ..RunEnd::default()
-            },
-        )
-        .unwrap();
-    }
-}
-
-use crate::common::kiln;
+use crate::common::{kiln, planted_runs};
 
 fn regression_detector_and_report(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let url = fresh(backend, dir.path(), "regressions");
-    planted(&open(&url), true);
+    planted_runs(&open(&url), Path::new("/tmp"), true);
     let o = kiln(&["runs", "--registry", &url, "regressions"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert_eq!(
@@ -479,7 +437,7 @@ fn regression_detector_and_report(backend: Backend) {
     // A clean set: nothing flagged, exit 0.
     let clean_dir = tempfile::tempdir().unwrap();
     let clean = fresh(backend, clean_dir.path(), "clean");
-    planted(&open(&clean), false);
+    planted_runs(&open(&clean), Path::new("/tmp"), false);
     let o = kiln(&["runs", "--registry", &clean, "regressions", "--json"]);
     assert_eq!(
         o.status.code(),

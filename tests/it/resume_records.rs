@@ -4,19 +4,10 @@
 //! marks its `run.json` as killed, with why.
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::common::only_run;
 use crate::common::{kiln, tiny_config};
-
-fn only_run(export: &Path) -> PathBuf {
-    let runs: Vec<PathBuf> = std::fs::read_dir(export.join("runs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    runs[0].clone()
-}
 
 fn status(run: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap()

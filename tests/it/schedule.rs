@@ -8,13 +8,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kiln::loadgen::client::HttpClient;
 use kiln::serve::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 use kiln::serve::grpc::proto::{self as pb, infer_parameter::ParameterChoice};
 use kiln::serve::{BatchingPolicy, ServeConfig, ServerHandle};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
+use crate::common::client;
 use crate::common::{repository_of, rows_around_means, serve, serve_config, trained};
 
 const F: usize = 10;
@@ -36,10 +36,6 @@ fn body(rows: usize, seed: u32, parameters: Value) -> Value {
         "inputs": [{"name": "features", "datatype": "FP32", "shape": [rows, F], "data": x}],
         "parameters": parameters,
     })
-}
-
-fn client(h: &ServerHandle) -> HttpClient {
-    HttpClient::new(h.addr).with_timeout(Duration::from_secs(60))
 }
 
 /// Send `body` on its own connection; the answer's status and its arrival time.

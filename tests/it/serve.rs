@@ -48,11 +48,12 @@ fn config(repo: &Path) -> ServeConfig {
     }
 }
 
+use crate::common::client;
 use crate::common::serve;
 
 fn predictor(dir: &Path) -> Predictor {
     let ckpt = Checkpoint::load(dir).unwrap();
-    let engine = build_engine(ENGINE, &ckpt.weights, 1).unwrap();
+    let engine = build_engine(ENGINE.parse().unwrap(), &ckpt.weights, 1).unwrap();
     Predictor::for_checkpoint(&ckpt, engine)
 }
 
@@ -153,10 +154,6 @@ fn answered(metrics: &kiln::serve::Metrics, model: &str, version: u64) -> u64 {
         .version(version)
         .success
         .load(std::sync::atomic::Ordering::Relaxed)
-}
-
-fn client(h: &ServerHandle) -> HttpClient {
-    HttpClient::new(h.addr).with_timeout(Duration::from_secs(20))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,7 +364,10 @@ async fn default_engine_answers_equal_its_predictor() {
     }
     let x = rows(7, 11);
     let ckpt = Checkpoint::load(trained()).unwrap();
-    let mut p = Predictor::for_checkpoint(&ckpt, build_engine(&engine, &ckpt.weights, 1).unwrap());
+    let mut p = Predictor::for_checkpoint(
+        &ckpt,
+        build_engine(engine.parse().unwrap(), &ckpt.weights, 1).unwrap(),
+    );
     let want = p.predict(&x, 7).unwrap();
     let got = outputs(
         &client(&h)

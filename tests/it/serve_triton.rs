@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use kiln::artifact::WEIGHTS_FILE;
 use kiln::loadgen::client::{HttpClient, HttpResponse};
 use kiln::serve::metrics::sample;
-use kiln::serve::{ModelControlMode, ServeConfig, ServerHandle};
+use kiln::serve::{ModelControlMode, ServeConfig};
 use serde_json::{Value, json};
 
 /// The tiny model of this binary (trained once).
@@ -28,11 +28,8 @@ fn config(repo: &Path) -> ServeConfig {
     crate::common::serve_config(repo, "burn")
 }
 
+use crate::common::client;
 use crate::common::serve;
-
-fn client(h: &ServerHandle) -> HttpClient {
-    HttpClient::new(h.addr).with_timeout(Duration::from_secs(30))
-}
 
 /// `n` rows of plausible features.
 fn request(n: usize, seed: usize) -> Value {

@@ -4,28 +4,11 @@
 //! its index re-run (resumed, not restarted), a finished index is not run twice, and
 //! `kiln sweep summarize` reaches the same right-sizing answer as `kiln sweep` in one process.
 
-use crate::common::root;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
+use crate::common::{kiln, kiln_env, stderr};
 use kiln::track::registry::Registry;
-
-fn kiln_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(root())
-        .output()
-        .expect("run kiln")
-}
-
-fn kiln(args: &[&str]) -> Output {
-    kiln_env(args, &[])
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// A tiny config writing under `dir`, and a 2 × 2 sweep of it.
 fn sweep_in(dir: &Path) -> PathBuf {

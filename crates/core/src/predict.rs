@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::artifact::{ArtifactError, Checkpoint};
 use crate::data::preprocess::{EncodeTable, Preprocessing};
 use crate::data::table::{CsvTable, DataError};
-use crate::infer::InferError;
+use crate::infer::{EngineKind, InferError};
 use crate::util::write_atomic;
 pub use kiln_model::predict::{Prediction, Predictor};
 
@@ -158,15 +158,17 @@ pub fn write_output(text: &str, output: Option<&Path>) -> Result<(), PredictErro
 pub fn max_delta_vs_fused(
     ckpt: &Checkpoint,
     input: &Path,
-    engine: &str,
+    engine: EngineKind,
 ) -> Result<(f32, f32, usize), PredictError> {
     let table = CsvTable::read(input)?;
     let x = table.numeric_matrix(&ckpt.manifest.feature_names())?;
     let rows = table.rows.len();
     let mut q =
         Predictor::for_checkpoint(ckpt, crate::infer::build_engine(engine, &ckpt.weights, 1)?);
-    let mut f =
-        Predictor::for_checkpoint(ckpt, crate::infer::build_engine("fused", &ckpt.weights, 1)?);
+    let mut f = Predictor::for_checkpoint(
+        ckpt,
+        crate::infer::build_engine(EngineKind::Fused, &ckpt.weights, 1)?,
+    );
     let (a, b) = (q.predict(&x, rows)?, f.predict(&x, rows)?);
     let worst = |u: &[f32], v: &[f32]| {
         u.iter()

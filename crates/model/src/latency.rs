@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::artifact::{Checkpoint, HostWeights};
 use crate::infer::{InferError, build_engine};
 use crate::predict::{Prediction, Predictor};
+use crate::records::EngineKind;
 use crate::rng::SplitMix64;
 use crate::stats::ColumnStats;
 use crate::util::percentile;
@@ -15,15 +16,15 @@ pub use crate::records::metrics::{BatchLatency, LatencyReport};
 
 /// The engine the serving tier uses by default: `auto` (the fastest exact CPU engine, see
 /// `crate::infer::auto`).
-pub fn serving_engine() -> &'static str {
-    crate::infer::auto::AUTO
+pub fn serving_engine() -> EngineKind {
+    EngineKind::Auto
 }
 
 /// Measure `ckpt` on `engine` at each batch size: `warmup` untimed calls, then timed calls
 /// until both `min_iters` calls and `min_time` have passed.
 pub fn measure(
     ckpt: &Checkpoint,
-    engine: &str,
+    engine: EngineKind,
     batches: &[usize],
     min_iters: usize,
     min_time: Duration,
@@ -46,7 +47,7 @@ pub fn measure_model(
     weights: &HostWeights,
     feats: &[ColumnStats],
     targets: &[ColumnStats],
-    engine: &str,
+    engine: EngineKind,
     batches: &[usize],
     min_iters: usize,
     min_time: Duration,

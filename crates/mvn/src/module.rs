@@ -26,7 +26,13 @@ use super::tensor_path::{
 use kiln_base::simd::{Isa, Kernel};
 
 /// Which estimator the module runs.
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
+#[derive(Config, Debug, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString)]
+#[strum(
+    serialize_all = "lowercase",
+    ascii_case_insensitive,
+    parse_err_ty = String,
+    parse_err_fn = unknown_method
+)]
 pub enum MvnMethod {
     /// Direct Halton estimate: the fraction of transformed points inside the box.
     Naive,
@@ -37,29 +43,25 @@ pub enum MvnMethod {
 impl MvnMethod {
     /// The lowercase name (`naive`, `genz`), as the CLI and JSON use it.
     pub fn name(self) -> &'static str {
-        match self {
-            MvnMethod::Naive => "naive",
-            MvnMethod::Genz => "genz",
-        }
+        self.into()
     }
 }
 
-impl std::str::FromStr for MvnMethod {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "naive" => Ok(MvnMethod::Naive),
-            "genz" => Ok(MvnMethod::Genz),
-            other => Err(format!(
-                "unknown method `{other}`; expected `naive` or `genz`"
-            )),
-        }
-    }
+/// `MvnMethod`'s derived `FromStr` error (any case is accepted; the message names it in
+/// lowercase).
+fn unknown_method(s: &str) -> String {
+    let other = s.to_ascii_lowercase();
+    format!("unknown method `{other}`; expected `naive` or `genz`")
 }
 
 /// The low-discrepancy point sets the estimator integrates over.
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
+#[derive(Config, Debug, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString)]
+#[strum(
+    serialize_all = "lowercase",
+    ascii_case_insensitive,
+    parse_err_ty = String,
+    parse_err_fn = unknown_point_set
+)]
 pub enum PointSet {
     /// Scrambled Halton sets (the default): every coordinate its own prime base.
     Halton,
@@ -72,25 +74,15 @@ pub enum PointSet {
 impl PointSet {
     /// The lowercase name (`halton`, `sobol`), as the CLI and JSON use it.
     pub fn name(self) -> &'static str {
-        match self {
-            PointSet::Halton => "halton",
-            PointSet::Sobol => "sobol",
-        }
+        self.into()
     }
 }
 
-impl std::str::FromStr for PointSet {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "halton" => Ok(PointSet::Halton),
-            "sobol" => Ok(PointSet::Sobol),
-            other => Err(format!(
-                "unknown point set `{other}`; expected `halton` or `sobol`"
-            )),
-        }
-    }
+/// `PointSet`'s derived `FromStr` error (any case is accepted; the message names it in
+/// lowercase).
+fn unknown_point_set(s: &str) -> String {
+    let other = s.to_ascii_lowercase();
+    format!("unknown point set `{other}`; expected `halton` or `sobol`")
 }
 
 /// Configuration of a [`HaltonMvnCdf`]; [`HaltonMvnCdfConfig::init`] builds the module.

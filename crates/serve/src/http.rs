@@ -34,7 +34,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::conn::{PeerAddr, is_body_timeout};
-use crate::infer::auto::{AUTO, PROMETHEUS_HEADER};
+use crate::infer::EngineKind;
+use crate::infer::auto::PROMETHEUS_HEADER;
 use crate::live_profile::{self, ProfileError};
 use crate::model::buckets;
 use crate::observe::profiler::SortBy;
@@ -232,7 +233,7 @@ async fn metrics(State(s): Shared) -> Response {
 /// `kiln_auto_engine_choice` lines for the models served on the `auto` engine.
 fn auto_engine_metrics(s: &Service) -> String {
     let cfg = s.repo.config();
-    if cfg.engine != AUTO {
+    if cfg.engine != EngineKind::Auto {
         return String::new();
     }
     let (threads, buckets) = (

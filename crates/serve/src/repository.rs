@@ -22,6 +22,7 @@
 //! flight to finish, then stops its batcher. [`Repository::index`] lists the models on disk
 //! with their state, as Triton's repository index does.
 
+use kiln_model::records::EngineKind;
 use kiln_model::records::repository::{subdirs, version_dirs};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -39,8 +40,8 @@ use crate::monitor::{DriftMonitor, LatencyWatch, WatchConfig};
 pub struct RepositoryConfig {
     /// The repository root.
     pub root: PathBuf,
-    /// The engine name for regression models.
-    pub engine: String,
+    /// The engine for regression models.
+    pub engine: EngineKind,
     /// Batching and instances.
     pub batcher: BatcherConfig,
     /// Drift and latency watch settings.
@@ -48,7 +49,22 @@ pub struct RepositoryConfig {
 }
 
 /// How models get loaded (Triton's `--model-control-mode`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::EnumString,
+)]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = String,
+    parse_err_fn = unknown_control_mode
+)]
 pub enum ModelControlMode {
     /// Load every model at start; never reload.
     None,
@@ -62,32 +78,13 @@ pub enum ModelControlMode {
 impl ModelControlMode {
     /// The name (`none`, `poll`, `explicit`), as `--model-control-mode` spells it.
     pub fn name(self) -> &'static str {
-        match self {
-            ModelControlMode::None => "none",
-            ModelControlMode::Poll => "poll",
-            ModelControlMode::Explicit => "explicit",
-        }
+        self.into()
     }
 }
 
-impl std::fmt::Display for ModelControlMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for ModelControlMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(ModelControlMode::None),
-            "poll" => Ok(ModelControlMode::Poll),
-            "explicit" => Ok(ModelControlMode::Explicit),
-            other => Err(format!(
-                "unknown model control mode `{other}`; expected `none`, `poll` or `explicit`"
-            )),
-        }
-    }
+/// `ModelControlMode`'s derived `FromStr` error.
+fn unknown_control_mode(other: &str) -> String {
+    format!("unknown model control mode `{other}`; expected `none`, `poll` or `explicit`")
 }
 
 /// What kind of failure a repository request met (each protocol maps it to
@@ -723,11 +720,11 @@ impl Repository {
         dir: &Path,
     ) -> Result<LoadedVersion, LoadError> {
         let spec = load_spec(dir)?;
-        let engine = self.config.engine.clone();
+        let engine = self.config.engine;
         let threads = self.config.batcher.threads_per_instance;
         let spec_for = spec.clone();
         let buckets = crate::model::buckets(self.config.batcher.max_batch_size);
-        let factory = Arc::new(move || build_instance(&spec_for, &engine, threads, &buckets));
+        let factory = Arc::new(move || build_instance(&spec_for, engine, threads, &buckets));
         let mm = self.metrics.model(model);
         // Statistics are cumulative since load (as Triton's): a version loaded again starts
         // from zero. The version being loaded is never the one serving.
@@ -736,7 +733,7 @@ impl Repository {
             &vm,
             &spec,
             &self.config.watch,
-            &self.config.engine,
+            self.config.engine,
             &crate::model::buckets(self.config.batcher.max_batch_size),
             &format!("model `{model}` version {version}"),
         );
@@ -766,7 +763,7 @@ fn attach_watches(
     vm: &VersionMetrics,
     spec: &ModelSpec,
     config: &WatchConfig,
-    engine: &str,
+    engine: EngineKind,
     buckets: &[usize],
     label: &str,
 ) {

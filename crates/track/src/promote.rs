@@ -49,7 +49,7 @@ use crate::artifact::{ArtifactError, Checkpoint, resolve_dir};
 use crate::bench::latency::serving_engine;
 use crate::config::{self, ConfigError};
 use crate::data::{DataError, Dataset, Subset};
-use crate::infer::{InferError, build_engine};
+use crate::infer::{EngineKind, InferError, build_engine};
 use crate::predict::{Prediction, Predictor};
 use crate::registry::{PromotionRow, Registry, RegistryError};
 use crate::rng::SplitMix64;
@@ -770,7 +770,7 @@ pub struct PromoteOptions {
     /// The config whose data and split to test on (default: the run's `config.yaml`).
     pub config: Option<PathBuf>,
     /// The engine to measure with (default: the serving default).
-    pub engine: Option<String>,
+    pub engine: Option<EngineKind>,
     /// The thresholds.
     pub gates: Gates,
     /// Benchmark batch sizes.
@@ -824,7 +824,7 @@ pub struct Promotion {
     /// The run that produced the candidate.
     pub run_id: String,
     /// The engine measured.
-    pub engine: String,
+    pub engine: EngineKind,
     /// The served version compared against.
     pub incumbent_version: Option<u64>,
     /// The version written (None when refused or in a dry run).
@@ -1019,17 +1019,14 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
             )));
         }
     }
-    let engine = opts
-        .engine
-        .clone()
-        .unwrap_or_else(|| serving_engine().to_string());
-    let mut cand_pred = Predictor::for_checkpoint(&cand, build_engine(&engine, &cand.weights, 1)?);
+    let engine = opts.engine.unwrap_or_else(serving_engine);
+    let mut cand_pred = Predictor::for_checkpoint(&cand, build_engine(engine, &cand.weights, 1)?);
     let (cand_quality, mut cand_rows) = quality_and_rows(&mut cand_pred, &ct, &data.test)?;
     cand_rows.groups = groups.clone();
     let mut inc_pred = match &served {
         Some((_, inc)) => Some(Predictor::for_checkpoint(
             inc,
-            build_engine(&engine, &inc.weights, 1)?,
+            build_engine(engine, &inc.weights, 1)?,
         )),
         None => None,
     };
@@ -1101,7 +1098,7 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
     let details = |p: &Promotion| {
         let me = std::process::id();
         PromotionDetails {
-            engine: p.engine.clone(),
+            engine: p.engine.to_string(),
             gates: opts.gates.clone(),
             checks: p.decision.checks.clone(),
             candidate: Some(p.candidate_measurement.clone()),

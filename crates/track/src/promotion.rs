@@ -278,8 +278,26 @@ impl Decision {
 /// A promotion is recorded `installing` before its version is renamed into place, then settled
 /// `promoted`, or `abandoned` when its promoter failed or died first; a refusal is recorded
 /// `refused` and a candidate identical to the served version `nothing_to_do`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::EnumString,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_decision
+)]
 pub enum PromotionDecision {
     /// The candidate is the new version.
     Promoted,
@@ -296,24 +314,19 @@ pub enum PromotionDecision {
 
 impl PromotionDecision {
     /// Every decision, in declaration order.
-    pub const ALL: [PromotionDecision; 5] = [
-        PromotionDecision::Promoted,
-        PromotionDecision::Refused,
-        PromotionDecision::NothingToDo,
-        PromotionDecision::Installing,
-        PromotionDecision::Abandoned,
-    ];
+    pub const ALL: &'static [PromotionDecision] =
+        <PromotionDecision as strum::VariantArray>::VARIANTS;
 
     /// The stored word.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            PromotionDecision::Promoted => "promoted",
-            PromotionDecision::Refused => "refused",
-            PromotionDecision::NothingToDo => "nothing_to_do",
-            PromotionDecision::Installing => "installing",
-            PromotionDecision::Abandoned => "abandoned",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
+}
+
+/// `PromotionDecision`'s derived `FromStr` error, listing the stored words.
+fn unknown_decision(s: &str) -> String {
+    let words: Vec<&str> = PromotionDecision::ALL.iter().map(|d| d.as_str()).collect();
+    format!("unknown promotion decision `{s}` ({})", words.join(", "))
 }
 
 impl From<Outcome> for PromotionDecision {
@@ -323,29 +336,6 @@ impl From<Outcome> for PromotionDecision {
             Outcome::Refused => PromotionDecision::Refused,
             Outcome::NothingToDo => PromotionDecision::NothingToDo,
         }
-    }
-}
-
-impl std::fmt::Display for PromotionDecision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // `pad`: a width or alignment (`{:<13}` in tables) applies as to a string.
-        f.pad(self.as_str())
-    }
-}
-
-impl std::str::FromStr for PromotionDecision {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|d| d.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown promotion decision `{s}` ({})",
-                    Self::ALL.map(|d| d.as_str()).join(", ")
-                )
-            })
     }
 }
 
@@ -360,7 +350,8 @@ impl PartialEq<&str> for PromotionDecision {
 /// the promoter's process (so that a promoter killed mid-way can be told from a live one).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PromotionDetails {
-    /// The engine both models were timed on.
+    /// The engine both models were timed on: the name as written (text, not an `EngineKind`,
+    /// so that a registry row naming an engine this build lacks still loads).
     #[serde(default)]
     pub engine: String,
     /// The thresholds applied.
@@ -411,7 +402,7 @@ mod tests {
 
     #[test]
     fn decisions_round_trip_as_their_stored_words() {
-        for d in PromotionDecision::ALL {
+        for &d in PromotionDecision::ALL {
             assert_eq!(d.as_str().parse::<PromotionDecision>(), Ok(d));
             assert_eq!(
                 serde_json::to_value(d).unwrap(),

@@ -64,7 +64,8 @@ impl Default for InferBenchOptions {
 pub struct InferResult {
     /// Always `infer`.
     pub bench: &'static str,
-    /// Engine name.
+    /// The engine's label: its name, or `fused@ISA` / `int8@ISA` for one forced onto an
+    /// instruction-set path (text, not an `EngineKind`: the suffix is part of it).
     pub engine: String,
     /// Rows per call.
     pub batch: usize,
@@ -304,7 +305,11 @@ fn build_forced(
     threads: usize,
 ) -> Result<Box<dyn Engine>, BenchError> {
     let Some((base, isa)) = name.split_once('@') else {
-        return Ok(build_engine(name, weights, threads)?);
+        return Ok(build_engine(
+            crate::infer::parse_engine(name)?,
+            weights,
+            threads,
+        )?);
     };
     let isa = [Isa::Avx512, Isa::Avx2, Isa::Portable]
         .into_iter()

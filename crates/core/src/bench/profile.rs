@@ -18,8 +18,8 @@ use crate::rng::SplitMix64;
 pub struct ProfileInferOptions {
     /// Checkpoint (export or run directory); `None` = the reference network.
     pub checkpoint: Option<PathBuf>,
-    /// Engine name.
-    pub engine: String,
+    /// The engine.
+    pub engine: crate::records::EngineKind,
     /// Rows per call.
     pub batch: usize,
     /// Recorded iterations.
@@ -91,7 +91,7 @@ pub fn profile_infer(args: &ProfileInferOptions) -> Result<ProfileOutputs, Bench
         )));
     }
     let (weights, features, targets) = network(args.checkpoint.as_deref())?;
-    let engine = build_engine(&args.engine, &weights, args.threads)?;
+    let engine = build_engine(args.engine, &weights, args.threads)?;
     let mut predictor = Predictor::new(engine, &features, &targets);
     let x = seeded_inputs(&features, args.batch, args.seed);
     let mut out = Prediction {

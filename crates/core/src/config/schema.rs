@@ -765,8 +765,9 @@ impl Default for LoaderConfig {
 }
 
 /// A part of the network that a stage can train.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Part {
     /// The hidden layers.
     Backbone,
@@ -779,11 +780,7 @@ pub enum Part {
 impl Part {
     /// The snake_case name used in configs.
     pub fn name(self) -> &'static str {
-        match self {
-            Part::Backbone => "backbone",
-            Part::MeanHead => "mean_head",
-            Part::LogvarHead => "logvar_head",
-        }
+        self.into()
     }
 }
 
@@ -990,8 +987,19 @@ pub struct ExportConfig {
     pub dir: PathBuf,
     /// The inference engine the serving tier will run this model on; the latency logged at
     /// the end of every run is measured on it (`null`: the default serving engine, `auto`).
+    /// The name as written: checked at load (a located `export.engine` error listing the
+    /// engines), read as [`ExportConfig::engine_kind`].
     #[serde(default)]
     pub engine: Option<String>,
+}
+
+impl ExportConfig {
+    /// The engine `engine` names (`None`: the serving default). A loaded config's name is
+    /// checked at load; a name this build does not know (only in a config never validated)
+    /// reads as `None`.
+    pub fn engine_kind(&self) -> Option<crate::records::EngineKind> {
+        self.engine.as_deref().and_then(|e| e.parse().ok())
+    }
 }
 
 fn default_out_dir() -> PathBuf {

@@ -415,7 +415,7 @@ pub fn evaluate_model(
         .with_seed(est.seed)
         .with_method(MvnMethod::Genz)
         .init::<crate::backend::Cpu>(&Default::default())?;
-    let engine = crate::infer::build_engine("burn", model.weights, 1)?;
+    let engine = crate::infer::build_engine(crate::records::EngineKind::Burn, model.weights, 1)?;
     let mut predictor = Predictor::new(engine, model.features, model.targets);
     let corr = super::correlation_of(model.targets.len(), model.residual_correlation, None);
     evaluate_outcomes(

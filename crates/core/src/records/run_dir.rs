@@ -28,8 +28,26 @@ pub struct RunDir {
 
 /// Where a run is in its life: `run.json`'s `status`, the registry's, what observers see at
 /// the end. Written in lowercase (`running`, `finished`, `failed`, `killed`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::EnumString,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = String,
+    parse_err_fn = unknown_run_state
+)]
 pub enum RunState {
     /// Training (or stopped without a trace: the registry's reaper calls such runs killed).
     #[default]
@@ -44,37 +62,14 @@ pub enum RunState {
 
 impl RunState {
     /// The lowercase name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            RunState::Running => "running",
-            RunState::Finished => "finished",
-            RunState::Failed => "failed",
-            RunState::Killed => "killed",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
-impl std::fmt::Display for RunState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // `pad`: a width or alignment (`{:<9}` in tables) applies as to a string.
-        f.pad(self.as_str())
-    }
-}
-
-impl std::str::FromStr for RunState {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [
-            RunState::Running,
-            RunState::Finished,
-            RunState::Failed,
-            RunState::Killed,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
-        .ok_or_else(|| format!("unknown run status `{s}` (running, finished, failed or killed)"))
-    }
+/// `RunState`'s derived `FromStr` error.
+fn unknown_run_state(s: &str) -> String {
+    format!("unknown run status `{s}` (running, finished, failed or killed)")
 }
 
 impl PartialEq<&str> for RunState {

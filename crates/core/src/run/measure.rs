@@ -9,21 +9,22 @@
 use std::time::Duration;
 
 use crate::bench::latency;
+use crate::infer::EngineKind;
 use crate::pick::outcomes::{self, ModelParts, OutcomeRows};
 use crate::train::{Candidate, Measure, MeasureError, Measurements};
 
 /// The measurements of [`crate::run::TrainingRun`].
 #[derive(Debug, Clone)]
 pub struct RunMeasure {
-    engine: String,
+    engine: EngineKind,
 }
 
 impl RunMeasure {
     /// Measure latency on `engine` (the config's `export.engine`; `None`: the serving
     /// tier's default).
-    pub fn new(engine: Option<&str>) -> Self {
+    pub fn new(engine: Option<EngineKind>) -> Self {
         Self {
-            engine: engine.unwrap_or(latency::serving_engine()).to_string(),
+            engine: engine.unwrap_or(latency::serving_engine()),
         }
     }
 }
@@ -45,7 +46,7 @@ impl Measure for RunMeasure {
             c.weights,
             &prep.x_stats,
             &prep.y_stats,
-            &self.engine,
+            self.engine,
             &[1, 128],
             2000,
             Duration::from_millis(250),

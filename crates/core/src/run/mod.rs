@@ -299,7 +299,7 @@ impl TrainingRun {
             let _ = self.teacher.set(t);
         }
         let fanout = Fanout(&self.observers);
-        let measure = measure::RunMeasure::new(self.loaded.config.export.engine.as_deref());
+        let measure = measure::RunMeasure::new(self.loaded.config.export.engine_kind());
         let job = TrainJob {
             observer: Some(&fanout),
             teacher: self.teacher.get().map(|t| t as &dyn crate::train::Teacher),

@@ -16,7 +16,7 @@ use crate::train::distill::moment_match;
 use crate::train::{ProgressMode, Teacher, TrainError};
 
 /// The engine the teacher runs on: exact to 1e-5 of the Burn module, and the fastest such.
-pub const TEACHER_ENGINE: &str = "fused";
+pub const TEACHER_ENGINE: crate::records::EngineKind = crate::records::EngineKind::Fused;
 
 /// Rows per engine call (bounds the engine's buffers on large splits).
 const CHUNK: usize = 4096;
@@ -63,7 +63,7 @@ impl EngineTeacher {
             members.push(Mutex::new(Predictor::for_checkpoint(&ckpt, engine)));
         }
         let info = TeacherInfo {
-            engine: TEACHER_ENGINE.into(),
+            engine: TEACHER_ENGINE.to_string(),
             ensemble: members.len(),
             parameter_count: described.first().map(|d| d.parameter_count),
             members: described,

@@ -51,7 +51,7 @@ pub struct ServeBenchOptions {
     /// server, no stage costs).
     pub url: Option<String>,
     /// Engine of the in-process server (`None`: the default).
-    pub engine: Option<String>,
+    pub engine: Option<kiln_model::records::EngineKind>,
     /// Batching of the in-process server.
     pub batcher: BatcherConfig,
     /// Tokio worker threads of the in-process server (0: one per allowed CPU).
@@ -409,7 +409,7 @@ pub(super) fn in_process_config(opts: &ServeBenchOptions) -> ServeConfig {
     ServeConfig {
         repository: opts.repository.clone(),
         port: 0,
-        engine: opts.engine.clone(),
+        engine: opts.engine,
         batcher: opts.batcher.clone(),
         poll_interval: None,
         ..ServeConfig::default()

@@ -15,8 +15,13 @@ use super::caller::Target;
 use super::request::Rng;
 
 /// How open-loop arrivals are spaced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::EnumString)]
 #[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = String,
+    parse_err_fn = unknown_distribution
+)]
 pub enum Distribution {
     /// Evenly: request i at i/rate.
     Constant,
@@ -24,17 +29,9 @@ pub enum Distribution {
     Poisson,
 }
 
-impl std::str::FromStr for Distribution {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "constant" => Ok(Distribution::Constant),
-            "poisson" => Ok(Distribution::Poisson),
-            _ => Err(format!(
-                "`{s}` is not a request distribution; expected constant or poisson"
-            )),
-        }
-    }
+/// `Distribution`'s derived `FromStr` error.
+fn unknown_distribution(s: &str) -> String {
+    format!("`{s}` is not a request distribution; expected constant or poisson")
 }
 
 /// Arrival offsets (from the start) of an open-loop window: `rate` per second for

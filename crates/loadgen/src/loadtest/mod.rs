@@ -222,8 +222,13 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// The wire protocol of a load test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::EnumString)]
 #[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = String,
+    parse_err_fn = unknown_protocol
+)]
 pub enum Protocol {
     /// Open Inference Protocol v2 over HTTP/1.1 (JSON, or the binary tensor extension).
     Http,
@@ -231,15 +236,9 @@ pub enum Protocol {
     Grpc,
 }
 
-impl std::str::FromStr for Protocol {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "http" => Ok(Protocol::Http),
-            "grpc" => Ok(Protocol::Grpc),
-            _ => Err(format!("`{s}` is not a protocol; expected http or grpc")),
-        }
-    }
+/// `Protocol`'s derived `FromStr` error.
+fn unknown_protocol(s: &str) -> String {
+    format!("`{s}` is not a protocol; expected http or grpc")
 }
 
 /// Run a load test over HTTP and report.

@@ -46,13 +46,14 @@ use super::int8::{INT8_ABS_TOL, INT8_REL_TOL};
 use super::{Engine, FusedEngine, HeadOutput, InferError, Int8Engine, check_shape};
 use crate::artifact::HostWeights;
 use crate::model::RegressionNetConfig;
+use crate::records::EngineKind;
 use crate::rng::SplitMix64;
 
 /// The exact automatic choice's name (the default engine).
-pub const AUTO: &str = "auto";
+pub const AUTO: &str = EngineKind::Auto.name();
 
 /// The name of the automatic choice that may pick int8.
-pub const AUTO_INT8: &str = "auto-int8";
+pub const AUTO_INT8: &str = EngineKind::AutoInt8.name();
 
 /// Why `auto` leaves int8 out (listed in its choice's `rejected`).
 pub const NOT_EXACT: &str =
@@ -83,7 +84,7 @@ pub struct BucketChoice {
     /// The bucket (rows per call it was timed at).
     pub batch: usize,
     /// The chosen engine.
-    pub engine: String,
+    pub engine: EngineKind,
     /// Whether it was timed (false: a single candidate, or the selection budget ran out and
     /// the choice was inherited from the bucket below).
     pub measured: bool,
@@ -95,9 +96,9 @@ pub struct BucketChoice {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AutoChoice {
     /// Candidates that were timed, in order (`fused` first).
-    pub candidates: Vec<String>,
+    pub candidates: Vec<EngineKind>,
     /// Engines left out, with why (accuracy bound not met, unavailable).
-    pub rejected: Vec<(String, String)>,
+    pub rejected: Vec<(EngineKind, String)>,
     /// Threads per call of every candidate.
     pub threads: usize,
     /// One entry per bucket, ascending.
@@ -105,7 +106,7 @@ pub struct AutoChoice {
     /// Wall time of the selection in ms (0 when reused from an earlier selection).
     pub selection_ms: f64,
     /// The automatic choice's name (`auto` or `auto-int8`).
-    pub mode: String,
+    pub mode: EngineKind,
     /// For `auto-int8` with int8 a candidate: int8's largest |Δ| vs `fused` on the probe
     /// rows (normalised units, both heads).
     pub int8_max_abs_delta: Option<f32>,
@@ -114,8 +115,8 @@ pub struct AutoChoice {
 impl AutoChoice {
     /// The engine for a call of `rows` rows: that of the smallest bucket ≥ `rows`, else
     /// of the largest.
-    pub fn engine_for(&self, rows: usize) -> &str {
-        &self.buckets[bucket_index(&self.buckets, rows)].engine
+    pub fn engine_for(&self, rows: usize) -> EngineKind {
+        self.buckets[bucket_index(&self.buckets, rows)].engine
     }
 
     /// One line for the log: `batch→engine` per bucket, with the selection time.
@@ -138,7 +139,11 @@ impl AutoChoice {
             picks.join(" "),
             self.threads,
             self.selection_ms,
-            self.candidates.join(", ")
+            self.candidates
+                .iter()
+                .map(|k| k.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         for (e, why) in &self.rejected {
             s.push_str(&format!("; {e} left out: {why}"));
@@ -244,23 +249,24 @@ impl AutoEngine {
         let fused = FusedEngine::new(weights, threads)?;
         let threads = fused.threads();
         let mut engines: Vec<Box<dyn Engine>> = vec![Box::new(fused)];
+        let mut candidates = vec![EngineKind::Fused];
         let mut rejected = Vec::new();
         let mut int8_max_abs_delta = None;
         if !int8 {
-            rejected.push(("int8".to_string(), NOT_EXACT.to_string()));
+            rejected.push((EngineKind::Int8, NOT_EXACT.to_string()));
         } else {
             match Int8Engine::new(weights, threads) {
                 Ok(e) => match int8_holds(engines[0].as_mut(), Box::new(e))? {
                     Ok((e, d)) => {
                         engines.push(e);
+                        candidates.push(EngineKind::Int8);
                         int8_max_abs_delta = Some(d);
                     }
-                    Err(why) => rejected.push(("int8".to_string(), why)),
+                    Err(why) => rejected.push((EngineKind::Int8, why)),
                 },
-                Err(e) => rejected.push(("int8".to_string(), e.to_string())),
+                Err(e) => rejected.push((EngineKind::Int8, e.to_string())),
             }
         }
-        let candidates = engines.iter().map(|e| e.name()).collect();
         Ok(Self {
             int8,
             arch: weights.arch.clone(),
@@ -274,12 +280,16 @@ impl AutoEngine {
                 threads,
                 buckets: vec![BucketChoice {
                     batch: 1,
-                    engine: "fused".into(),
+                    engine: EngineKind::Fused,
                     measured: false,
                     median_us: Vec::new(),
                 }],
                 selection_ms: 0.0,
-                mode: if int8 { AUTO_INT8 } else { AUTO }.into(),
+                mode: if int8 {
+                    EngineKind::AutoInt8
+                } else {
+                    EngineKind::Auto
+                },
                 int8_max_abs_delta,
             },
         })
@@ -324,9 +334,10 @@ impl AutoEngine {
             .buckets
             .iter()
             .map(|b| {
-                self.engines
+                choice
+                    .candidates
                     .iter()
-                    .position(|e| e.name() == b.engine)
+                    .position(|&k| k == b.engine)
                     .unwrap_or(0)
             })
             .collect();
@@ -345,8 +356,8 @@ impl AutoEngine {
             let over = start.elapsed() >= SELECTION_BUDGET;
             if n == 1 || over {
                 let engine = match (n, chosen.last()) {
-                    (1, _) | (_, None) => self.engines[0].name(),
-                    (_, Some(prev)) => prev.engine.clone(),
+                    (1, _) | (_, None) => self.choice.candidates[0],
+                    (_, Some(prev)) => prev.engine,
                 };
                 chosen.push(BucketChoice {
                     batch,
@@ -389,7 +400,7 @@ impl AutoEngine {
             }
             chosen.push(BucketChoice {
                 batch,
-                engine: self.engines[best].name(),
+                engine: self.choice.candidates[best],
                 measured: true,
                 median_us,
             });
@@ -400,7 +411,7 @@ impl AutoEngine {
             threads: self.threads,
             buckets: chosen,
             selection_ms: start.elapsed().as_secs_f64() * 1e3,
-            mode: self.choice.mode.clone(),
+            mode: self.choice.mode,
             int8_max_abs_delta: self.choice.int8_max_abs_delta,
         })
     }
@@ -427,13 +438,23 @@ pub fn int8_notice_once(
         n.push(f);
     }
     let mut a = AutoEngine::unselected(weights, threads, true)?;
-    if let Some((_, why)) = a.choice.rejected.iter().find(|(e, _)| e == "int8") {
+    if let Some((_, why)) = a
+        .choice
+        .rejected
+        .iter()
+        .find(|(e, _)| *e == EngineKind::Int8)
+    {
         return Ok(Some(format!(
             "note: int8 is not a good fit for this model on this CPU ({why}): use fused or auto"
         )));
     }
     a.select(buckets, false)?;
-    let Some(q) = a.choice.candidates.iter().position(|c| c == "int8") else {
+    let Some(q) = a
+        .choice
+        .candidates
+        .iter()
+        .position(|&c| c == EngineKind::Int8)
+    else {
         return Ok(None);
     };
     let bound = format!(
@@ -547,7 +568,7 @@ fn fingerprint(w: &HostWeights) -> u64 {
 
 impl Engine for AutoEngine {
     fn name(&self) -> String {
-        self.choice.mode.clone()
+        self.choice.mode.to_string()
     }
 
     fn arch(&self) -> &RegressionNetConfig {

@@ -178,7 +178,7 @@ impl<B: Backend> Engine for BurnEngine<B> {
     }
 }
 
-pub use crate::records::engine_names;
+pub use crate::records::{EngineKind, engine_names};
 
 /// The CPU engines (the default set of `kiln bench infer`).
 pub fn cpu_engine_names() -> Vec<&'static str> {
@@ -200,14 +200,11 @@ pub fn cpu_engine_names() -> Vec<&'static str> {
 /// * `cuda-bf16`, `cuda-f32` (feature `cuda`): Burn's CUDA backend, warmed up at build for
 ///   every batch bucket; [`InferError::Unavailable`] without a usable GPU.
 pub fn build_engine(
-    name: &str,
+    kind: EngineKind,
     weights: &HostWeights,
     threads: usize,
 ) -> Result<Box<dyn Engine>, InferError> {
     use crate::records::EngineKind as K;
-    let kind: K = name
-        .parse()
-        .map_err(|e: crate::records::UnknownEngine| InferError::Unknown(e.given, e.known))?;
     match kind {
         K::Burn => Ok(Box::new(BurnEngine::<crate::backend::Cpu>::new(
             weights,
@@ -235,10 +232,17 @@ pub fn build_engine(
         )?)),
         #[cfg(not(feature = "cuda"))]
         K::CudaBf16 | K::CudaF32 => Err(InferError::Unavailable {
-            engine: name.to_string(),
+            engine: kind.name().to_string(),
             reason: crate::backend::cuda_probe().unwrap_err().to_string(),
         }),
     }
+}
+
+/// The engine a user named (`--engine`, `kiln predict`), or [`InferError::Unknown`] listing
+/// the engines this build knows.
+pub fn parse_engine(name: &str) -> Result<EngineKind, InferError> {
+    name.parse()
+        .map_err(|e: crate::records::UnknownEngine| InferError::Unknown(e.given, e.known))
 }
 
 /// Seeded weights for `arch` (PyTorch's `nn.Linear` initialisation through kiln's generator).

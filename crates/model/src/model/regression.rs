@@ -22,8 +22,11 @@ use crate::rng::SplitMix64;
 const INIT_STREAM: u64 = 0x494e_4954;
 
 /// Hidden-layer activation.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash, strum::IntoStaticStr,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Activation {
     /// max(x, 0).
     #[default]
@@ -39,12 +42,7 @@ pub enum Activation {
 impl Activation {
     /// The lowercase name used in configs and manifests.
     pub fn name(self) -> &'static str {
-        match self {
-            Activation::Relu => "relu",
-            Activation::Gelu => "gelu",
-            Activation::Tanh => "tanh",
-            Activation::Silu => "silu",
-        }
+        self.into()
     }
 }
 

@@ -106,7 +106,9 @@ pub struct ImportInfo {
 /// The teacher(s) of a distilled model.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TeacherInfo {
-    /// The engine the teachers answered with.
+    /// The engine the teachers answered with: the name as written (text, not
+    /// [`EngineKind`](super::EngineKind), so that a record naming an engine this build lacks
+    /// still loads).
     #[serde(default)]
     pub engine: String,
     /// How many teachers (an ensemble's members are averaged).
@@ -565,7 +567,9 @@ pub struct BatchLatency {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct LatencyReport {
-    /// The engine measured.
+    /// The engine measured: the name as written (text, not
+    /// [`EngineKind`](super::EngineKind), so that a manifest naming an engine this build lacks,
+    /// e.g. a CUDA one, still loads).
     pub engine: String,
     /// The CPU path it ran (`avx512`, `avx2`, `portable`; absent in older manifests).
     #[serde(default, skip_serializing_if = "Option::is_none")]

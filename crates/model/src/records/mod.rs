@@ -8,55 +8,74 @@ pub mod repository;
 
 pub use epoch::{EpochRecord, StepPhases};
 
-/// The inference engines, one variant each: parsed once from the name a user writes
-/// (`FromStr`), spelled once ([`EngineKind::name`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EngineKind {
-    /// The Burn module without autodiff on Flex.
-    Burn,
-    /// The Burn module on NdArray.
-    BurnNdArray,
-    /// The compiled f32 plan.
-    Fused,
-    /// Per-channel int8 weights, per-row dynamic int8 activations.
-    Int8,
-    /// The fastest exact engine (one that computes the f32 model, bit-identical whatever
-    /// the batch): the default.
-    Auto,
-    /// Per batch-size bucket the fastest compiled engine whose accuracy bound holds, int8
-    /// included (an explicit choice: answers depend on the batch size).
-    AutoInt8,
-    /// Burn's CUDA backend in bf16.
-    CudaBf16,
-    /// Burn's CUDA backend in f32.
-    CudaF32,
+pub use engine_text::EngineKind;
+
+/// The engine enum alone: strum's `const_into_str` derives an undocumented
+/// `EngineKind::into_str` (the text [`EngineKind::name`] returns), hence the `allow`.
+#[allow(missing_docs)]
+mod engine_text {
+    /// The inference engines, one variant each: the text (`--engine`, `export.engine`, manifests,
+    /// metrics labels) is derived once from the `strum` attributes below: [`EngineKind::name`],
+    /// `Display`, `FromStr` (whose error, [`UnknownEngine`](super::UnknownEngine), lists the
+    /// engines this build knows) and, through them, serde.
+    #[derive(
+        Debug,
+        Clone,
+        Copy,
+        PartialEq,
+        Eq,
+        Hash,
+        Default,
+        strum::IntoStaticStr,
+        strum::Display,
+        strum::EnumString,
+        strum::EnumIter,
+        strum::VariantArray,
+        strum::VariantNames,
+    )]
+    #[strum(
+        const_into_str,
+        parse_err_ty = super::UnknownEngine,
+        parse_err_fn = super::UnknownEngine::of
+    )]
+    pub enum EngineKind {
+        /// The Burn module without autodiff on Flex.
+        #[strum(serialize = "burn")]
+        Burn,
+        /// The Burn module on NdArray.
+        #[strum(serialize = "burn-ndarray")]
+        BurnNdArray,
+        /// The compiled f32 plan.
+        #[strum(serialize = "fused")]
+        Fused,
+        /// Per-channel int8 weights, per-row dynamic int8 activations.
+        #[strum(serialize = "int8")]
+        Int8,
+        /// The fastest exact engine (one that computes the f32 model, bit-identical whatever
+        /// the batch): the default.
+        #[default]
+        #[strum(serialize = "auto")]
+        Auto,
+        /// Per batch-size bucket the fastest compiled engine whose accuracy bound holds, int8
+        /// included (an explicit choice: answers depend on the batch size).
+        #[strum(serialize = "auto-int8")]
+        AutoInt8,
+        /// Burn's CUDA backend in bf16.
+        #[strum(serialize = "cuda-bf16")]
+        CudaBf16,
+        /// Burn's CUDA backend in f32.
+        #[strum(serialize = "cuda-f32")]
+        CudaF32,
+    }
 }
 
 impl EngineKind {
     /// Every engine, in the order `engine_names` lists them.
-    pub const ALL: [EngineKind; 8] = [
-        EngineKind::Burn,
-        EngineKind::BurnNdArray,
-        EngineKind::Fused,
-        EngineKind::Int8,
-        EngineKind::Auto,
-        EngineKind::AutoInt8,
-        EngineKind::CudaBf16,
-        EngineKind::CudaF32,
-    ];
+    pub const ALL: &'static [EngineKind] = <EngineKind as strum::VariantArray>::VARIANTS;
 
     /// The name users write (`--engine`, `export.engine`, manifests, metrics labels).
     pub const fn name(self) -> &'static str {
-        match self {
-            EngineKind::Burn => "burn",
-            EngineKind::BurnNdArray => "burn-ndarray",
-            EngineKind::Fused => "fused",
-            EngineKind::Int8 => "int8",
-            EngineKind::Auto => "auto",
-            EngineKind::AutoInt8 => "auto-int8",
-            EngineKind::CudaBf16 => "cuda-bf16",
-            EngineKind::CudaF32 => "cuda-f32",
-        }
+        self.into_str()
     }
 
     /// Whether it runs on the CPU (the default set of `kiln bench infer`; `auto` chooses
@@ -82,11 +101,11 @@ impl EngineKind {
     pub const fn is_cuda(self) -> bool {
         matches!(self, EngineKind::CudaBf16 | EngineKind::CudaF32)
     }
-}
 
-impl std::fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+    /// Whether this build has it (the CUDA engines need the `cuda` feature); an engine it has
+    /// may still be unavailable on this machine (no GPU).
+    pub const fn is_built(self) -> bool {
+        !self.is_cuda() || cfg!(feature = "cuda")
     }
 }
 
@@ -100,17 +119,40 @@ pub struct UnknownEngine {
     pub known: String,
 }
 
-impl std::str::FromStr for EngineKind {
-    type Err = UnknownEngine;
+impl UnknownEngine {
+    /// `given` is no engine name (`EngineKind`'s derived `FromStr` error).
+    pub fn of(given: &str) -> Self {
+        UnknownEngine {
+            given: given.to_string(),
+            known: engine_names().join(", "),
+        }
+    }
+}
 
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        EngineKind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| UnknownEngine {
-                given: s.to_string(),
-                known: engine_names().join(", "),
-            })
+/// An engine equals its name (`kind == "int8"`), so that text read back from a record or a
+/// test's expectation compares without parsing.
+impl PartialEq<str> for EngineKind {
+    fn eq(&self, other: &str) -> bool {
+        self.name() == other
+    }
+}
+
+impl PartialEq<&str> for EngineKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.name() == *other
+    }
+}
+
+impl serde::Serialize for EngineKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EngineKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -147,9 +189,9 @@ pub const AUTO_INT8_ENGINE: &str = EngineKind::AutoInt8.name();
 /// CUDA ones. A name listed here may still be unavailable on this machine (no GPU).
 pub fn engine_names() -> Vec<&'static str> {
     EngineKind::ALL
-        .into_iter()
-        .filter(|k| !k.is_cuda() || cfg!(feature = "cuda"))
-        .map(EngineKind::name)
+        .iter()
+        .filter(|k| k.is_built())
+        .map(|k| k.name())
         .collect()
 }
 
@@ -159,8 +201,12 @@ mod tests {
 
     #[test]
     fn every_engine_name_parses_back_and_unknown_ones_list_the_known() {
-        for k in EngineKind::ALL {
+        for &k in EngineKind::ALL {
             assert_eq!(k.name().parse::<EngineKind>(), Ok(k));
+            assert_eq!(k.to_string(), k.name());
+            let json = serde_json::to_string(&k).unwrap();
+            assert_eq!(json, format!("\"{}\"", k.name()));
+            assert_eq!(serde_json::from_str::<EngineKind>(&json).unwrap(), k);
         }
         let e = "fuzed".parse::<EngineKind>().unwrap_err();
         assert!(e.to_string().contains("fused, int8, auto"), "{e}");

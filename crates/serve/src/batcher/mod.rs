@@ -62,7 +62,22 @@ use idle::{IdleShared, IdleState, Slot};
 use run::Batch;
 
 /// When a batch launches.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::EnumString,
+)]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = String,
+    parse_err_fn = unknown_policy
+)]
 pub enum BatchingPolicy {
     /// Launch at once on an idle instance; accumulate only while every instance is busy.
     #[default]
@@ -74,30 +89,13 @@ pub enum BatchingPolicy {
 impl BatchingPolicy {
     /// The name (`idle`, `delay`), as `--batching` and the model config endpoint spell it.
     pub fn name(self) -> &'static str {
-        match self {
-            BatchingPolicy::Idle => "idle",
-            BatchingPolicy::Delay => "delay",
-        }
+        self.into()
     }
 }
 
-impl std::fmt::Display for BatchingPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for BatchingPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "idle" => Ok(BatchingPolicy::Idle),
-            "delay" => Ok(BatchingPolicy::Delay),
-            other => Err(format!(
-                "unknown batching policy `{other}`; expected `idle` or `delay`"
-            )),
-        }
-    }
+/// `BatchingPolicy`'s derived `FromStr` error.
+fn unknown_policy(other: &str) -> String {
+    format!("unknown batching policy `{other}`; expected `idle` or `delay`")
 }
 
 /// Batching and instance settings.

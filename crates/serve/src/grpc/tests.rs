@@ -101,7 +101,7 @@ mod records_on_the_wire {
                 kind: "KIND_CPU".into(),
                 threads: 3,
             }],
-            engine: "fused".into(),
+            engine: kiln_model::records::EngineKind::Fused,
             engine_choice: None,
             version: 4,
             kiln: ModelDescription::Other(json!({"z": 1, "a": [2]})),

@@ -157,7 +157,7 @@ impl From<&records::ModelConfig> for ModelConfig {
             .unwrap_or_default();
         let parameters = HashMap::from([
             ("kiln".to_string(), param(kiln)),
-            ("engine".to_string(), param(c.engine.clone())),
+            ("engine".to_string(), param(c.engine.to_string())),
             ("batching".to_string(), param(b.batching.clone())),
         ]);
         let tensor = |t: &records::ConfigTensor| {
@@ -308,7 +308,9 @@ impl From<&ModelConfig> for records::ModelConfig {
                     threads: 0,
                 })
                 .collect(),
-            engine: param("engine").unwrap_or_default(),
+            engine: param("engine")
+                .and_then(|e| e.parse().ok())
+                .unwrap_or_default(),
             engine_choice: None,
             version: 0,
             kiln: param("kiln")

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::artifact::{ArtifactError, Checkpoint};
-use crate::infer::InferError;
+use crate::infer::{EngineKind, InferError};
 use crate::protocol::{Datatype, InputTensor, OutputTensor, ProtocolError};
 use crate::records::{ConfigTensor, ModelDescription, TensorMetadata};
 use kiln_model::model::mvn::{Leg, MvnError};
@@ -327,7 +327,7 @@ pub trait Instance: Send {
 /// `buckets` (kernels compiled, buffers sized) before the instance is returned.
 pub fn build_instance(
     spec: &ModelSpec,
-    engine: &str,
+    engine: EngineKind,
     threads: usize,
     buckets: &[usize],
 ) -> Result<Box<dyn Instance>, LoadError> {

@@ -14,7 +14,7 @@ use super::{
     PickModel, TensorSpec, check_batch,
 };
 use crate::artifact::Checkpoint;
-use crate::infer::build_engine;
+use crate::infer::{EngineKind, build_engine};
 use crate::predict::Predictor;
 use crate::protocol::{Datatype, InputTensor, OutputData, OutputTensor, ProtocolError};
 use crate::records::PickDescription;
@@ -216,7 +216,7 @@ fn decode_moments(
 /// when legs carry features.
 pub(super) fn build(
     p: &Arc<PickModel>,
-    engine: &str,
+    engine: EngineKind,
     threads: usize,
     buckets: &[usize],
 ) -> Result<Box<dyn Instance>, LoadError> {

@@ -16,7 +16,7 @@ use super::{
     TensorSpec, check_batch,
 };
 use crate::artifact::Checkpoint;
-use crate::infer::build_engine;
+use crate::infer::{EngineKind, build_engine};
 use crate::predict::{Prediction, Predictor};
 use crate::protocol::{Datatype, InputTensor, OutputData, OutputTensor, ProtocolError};
 use crate::records::RegressionDescription;
@@ -207,18 +207,18 @@ pub(super) fn decode(
 /// Build a regression instance; the engine warms up over `buckets` first.
 pub(super) fn build(
     c: &Checkpoint,
-    engine: &str,
+    engine: EngineKind,
     threads: usize,
     buckets: &[usize],
 ) -> Result<Box<dyn Instance>, LoadError> {
     let mut e = build_engine(engine, &c.weights, threads)?;
     e.warm_up(buckets)?;
-    if engine == "int8"
+    if engine == EngineKind::Int8
         && let Some(note) = crate::infer::auto::int8_notice_once(&c.weights, threads, buckets)?
     {
         tracing::warn!("{note}");
     }
-    let pad = e.name().starts_with("cuda");
+    let pad = engine.is_cuda();
     Ok(Box::new(RegressionInstance {
         predictor: Predictor::new(e, &c.manifest.features, &c.manifest.targets),
         placeholder: c.manifest.features.iter().map(|s| s.mean as f32).collect(),

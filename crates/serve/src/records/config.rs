@@ -9,6 +9,7 @@
 use kiln_model::infer::AutoChoice;
 use kiln_model::model::regression::RegressionNetConfig;
 use kiln_model::preprocess::InputColumn;
+use kiln_model::records::EngineKind;
 use kiln_model::stats::ColumnStats;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -36,7 +37,7 @@ pub struct ModelConfig {
     /// The instances (kiln: one group of CPU instances).
     pub instance_group: Vec<InstanceGroup>,
     /// The engine of regression models (`--engine`).
-    pub engine: String,
+    pub engine: EngineKind,
     /// What the `auto` engine chose per batch-size bucket (`None`: another engine, or a pick
     /// model).
     pub engine_choice: Option<AutoChoice>,

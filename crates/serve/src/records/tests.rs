@@ -67,7 +67,7 @@ fn config(kiln: ModelDescription) -> ModelConfig {
             kind: "KIND_CPU".into(),
             threads: 1,
         }],
-        engine: "burn".into(),
+        engine: kiln_model::records::EngineKind::Burn,
         engine_choice: None,
         version: 3,
         kiln,

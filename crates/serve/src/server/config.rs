@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kiln_model::records::EngineKind;
+
 use crate::batcher::BatcherConfig;
 use crate::conn::ConnectionConfig;
 use crate::error::ServeError;
@@ -23,7 +25,7 @@ pub struct ServeConfig {
     /// Port (0: any free port).
     pub port: u16,
     /// Engine for regression models (`None`: [`default_engine`]).
-    pub engine: Option<String>,
+    pub engine: Option<EngineKind>,
     /// Batching and instances.
     pub batcher: BatcherConfig,
     /// Per-request deadline (queue + compute).
@@ -89,12 +91,12 @@ impl Default for ServeConfig {
 
 /// The default engine: `auto` (the fastest CPU engine per batch-size bucket, timed at load;
 /// see `kiln_model::infer::auto`).
-pub fn default_engine() -> String {
-    crate::infer::auto::AUTO.to_string()
+pub fn default_engine() -> EngineKind {
+    EngineKind::Auto
 }
 
 /// Check `cfg` (see the module docs); the engine it names, or its default.
-pub(super) fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
+pub(super) fn validate(cfg: &ServeConfig) -> Result<EngineKind, ServeError> {
     let bad = |m: String| Err(ServeError::Config(m));
     let b = &cfg.batcher;
     if b.max_batch_size == 0 || b.max_batch_size > 65536 {
@@ -180,13 +182,9 @@ pub(super) fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
         );
     }
     cfg.connection.validate()?;
-    let engine = cfg.engine.clone().unwrap_or_else(default_engine);
-    let names = crate::infer::engine_names();
-    if !names.contains(&engine.as_str()) {
-        return bad(format!(
-            "unknown engine `{engine}`; expected one of: {}",
-            names.join(", ")
-        ));
+    let engine = cfg.engine.unwrap_or_else(default_engine);
+    if !engine.is_built() {
+        return bad(unknown_engine(engine.name()));
     }
     if !cfg.repository.is_dir() {
         return bad(format!(
@@ -195,6 +193,15 @@ pub(super) fn validate(cfg: &ServeConfig) -> Result<String, ServeError> {
         ));
     }
     Ok(engine)
+}
+
+/// The message for an engine this build does not know (`kiln serve --engine`), listing the
+/// ones it does.
+pub fn unknown_engine(name: &str) -> String {
+    format!(
+        "unknown engine `{name}`; expected one of: {}",
+        crate::infer::engine_names().join(", ")
+    )
 }
 
 /// Whether `host` (a `--host` value) names only loopback addresses: a loopback IP or

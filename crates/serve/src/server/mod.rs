@@ -10,7 +10,7 @@
 
 mod config;
 
-pub use config::{ServeConfig, default_engine, is_loopback_host};
+pub use config::{ServeConfig, default_engine, is_loopback_host, unknown_engine};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

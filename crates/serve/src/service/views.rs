@@ -3,7 +3,7 @@
 //! wire format by each transport (JSON over HTTP, protobuf over gRPC).
 
 use super::{ErrorKind, Service, ServiceError};
-use crate::infer::auto::AUTO;
+use crate::infer::EngineKind;
 use crate::model::buckets;
 use crate::protocol::clip;
 use crate::records::{
@@ -84,7 +84,7 @@ impl Service {
         let cfg = self.repo.config();
         let b = &cfg.batcher;
         let preferred = buckets(b.max_batch_size);
-        let engine_choice = if cfg.engine == AUTO {
+        let engine_choice = if cfg.engine == EngineKind::Auto {
             lv.spec.auto_choice(b.threads_per_instance, &preferred)
         } else {
             None
@@ -114,7 +114,7 @@ impl Service {
                 kind: "KIND_CPU".into(),
                 threads: b.threads_per_instance,
             }],
-            engine: cfg.engine.clone(),
+            engine: cfg.engine,
             engine_choice,
             version: lv.version,
             kiln: lv.spec.describe(),

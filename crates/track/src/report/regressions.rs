@@ -175,7 +175,7 @@ pub fn attribute(
             .as_ref()
             .map(|l| l.engine.clone())
             .filter(|e| !e.is_empty())
-            .unwrap_or_else(|| crate::bench::latency::serving_engine().into())
+            .unwrap_or_else(|| crate::bench::latency::serving_engine().to_string())
     };
     let engines = [engine_of(peer), engine_of(slow)];
     let mut tables = Vec::new();
@@ -186,10 +186,12 @@ pub fn attribute(
         let Some(artifact) = &r.artifact_path else {
             return Ok(Attribution::NoArtifact(r.id.clone()));
         };
+        // The record's engine name is text (it may predate this build's engines).
+        let engine = crate::infer::parse_engine(engine).map_err(crate::bench::BenchError::from)?;
         let o =
             crate::bench::profile::profile_infer(&crate::bench::profile::ProfileInferOptions {
                 checkpoint: Some(PathBuf::from(artifact)),
-                engine: engine.clone(),
+                engine,
                 batch: which.batch(),
                 iters: 2000,
                 warmup: 200,
