@@ -181,7 +181,8 @@ def edit(config: str, spec: dict, export: Path) -> str:
     return config
 
 
-def kiln(binary: str, tables: Path, spec: dict, frame, work: Path, overrides, seeds) -> dict:
+def kiln(binary: str, tables: Path, spec: dict, frame, work: Path, overrides, seeds,
+         append=()) -> dict:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -192,7 +193,7 @@ def kiln(binary: str, tables: Path, spec: dict, frame, work: Path, overrides, se
     if p.returncode:
         return dict(out, stage="init", error=p.stderr[-1500:])
     (work / "kiln.yaml").write_text(edit((work / "init.yaml").read_text(), spec,
-                                         work / "export"))
+                                         work / "export") + "".join(f"{a}\n" for a in append))
     p = sh([binary, "config", "check", "kiln.yaml"], work, "check.log")
     if p.returncode:
         return dict(out, stage="config check", error=p.stderr[-1500:])
@@ -296,6 +297,10 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated table names")
     ap.add_argument("--set", action="append", default=[], dest="overrides",
                     help="a `kiln train --set` override applied to every table (repeatable)")
+    ap.add_argument("--append", action="append", default=[],
+                    help="a top-level YAML line appended to every config, for keys --set "
+                         "cannot reach because the config leaves them out "
+                         "(e.g. 'calibration: variance_scaling'; repeatable)")
     ap.add_argument("--anchors", help="reuse the anchors of this earlier results JSON")
     ap.add_argument("--seeds", default="", help="extra kiln seeds (test RMSE only)")
     ap.add_argument("--tables", default=str(HERE / "tables"))
@@ -328,7 +333,7 @@ def main():
                 methods = anchors(frame, spec, a.jobs)
         methods = dict(methods, kiln=kiln(binary, tables, spec, frame,
                                           Path(a.work).resolve() / spec["name"], a.overrides,
-                                          seeds))
+                                          seeds, a.append))
         k = methods["kiln"]
         print(f"{spec['name']:16s} kiln {k['status']:6s} rmse {fmt(k.get('rmse'))}  "
               f"LightGBM default {fmt(methods['lgbm_default']['rmse'])}  "
@@ -344,6 +349,7 @@ def main():
     kiln_version = subprocess.run([binary, "--version"], capture_output=True,
                                   text=True).stdout.strip()
     Path(a.out).write_text(json.dumps(dict(kiln=kiln_version, overrides=a.overrides,
+                                           append=a.append,
                                            seconds=round(time.time() - started, 1),
                                            summary=summary, results=results), indent=2) + "\n")
     print(f"\n{len(results)} tables in {time.time() - started:.0f} s; results in {a.out}")
