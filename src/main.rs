@@ -275,6 +275,19 @@ enum ConfigCommand {
         /// The config file.
         file: PathBuf,
     },
+    /// Write which split every row of the config's table trains, validates or tests on, as
+    /// CSV `row,split` (row = index among the data rows, 0 = the first after the header;
+    /// rows in no split are left out), so other models can use the same rows.
+    Split {
+        /// The config file.
+        file: PathBuf,
+        /// Where to write the CSV (atomically); stdout when absent.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Override config values (`key.path=value`), as `kiln train --set`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -399,6 +412,9 @@ fn run(cli: Cli) -> CliResult {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => cli::config::check(&file),
+        Command::Config {
+            command: ConfigCommand::Split { file, out, set },
+        } => cli::config::split(&file, out.as_deref(), &set),
         Command::Init { data, targets, out } => cli::config::init(&data, &targets, &out),
         Command::Checkpoint {
             command: CheckpointCommand::Reseal { dir, dir_arg },

@@ -1,4 +1,4 @@
-//! `kiln config check FILE` and `kiln init --data FILE --target COL…`.
+//! `kiln config check FILE`, `kiln config split FILE` and `kiln init --data FILE --target COL…`.
 
 use std::path::Path;
 
@@ -33,6 +33,25 @@ pub fn check(path: &Path) -> CliResult {
         c.device
     );
     println!("{}", data.check_report());
+    Ok(())
+}
+
+/// `kiln config split FILE [--out OUT]`: the row → split membership training uses.
+pub fn split(path: &Path, out: Option<&Path>, set: &[String]) -> CliResult {
+    let loaded = config::load_with_overrides(path, set).map_err(CliError::input)?;
+    let data = kiln::data::Dataset::load(&loaded.config.data).map_err(CliError::input)?;
+    let text = kiln::predict::split_membership(&data);
+    kiln::predict::write_output(&text, out)?;
+    if let Some(out) = out {
+        eprintln!(
+            "{}: {} train, {} validation, {} test rows of {}",
+            out.display(),
+            data.train.rows(),
+            data.validation.rows(),
+            data.test.rows(),
+            data.path.display()
+        );
+    }
     Ok(())
 }
 

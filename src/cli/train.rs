@@ -90,9 +90,19 @@ fn print_summary(s: &RunSummary, quiet: bool) {
     if let Some(r) = &o.report {
         eprintln!("{}", r.verdict());
     }
+    // Pick lines only where picks mean something: a target with a persistence feature
+    // (`<target>_l1`, the line a pick is over). Ordinary tables keep the evaluation in the
+    // manifest but print none of it.
+    let pick_lines = o.manifest.as_ref().is_some_and(|m| {
+        let features = m.feature_names();
+        m.target_names()
+            .iter()
+            .any(|t| features.contains(&format!("{t}_l1")))
+    });
     if let Some(pe) = o
         .manifest
         .as_ref()
+        .filter(|_| pick_lines)
         .and_then(|m| m.metrics.pick_evaluation.as_ref())
     {
         for k in &pe.kinds {
@@ -110,6 +120,9 @@ fn print_summary(s: &RunSummary, quiet: bool) {
                 k.model.log_loss,
                 k.constant.log_loss,
             );
+            if let Some(v) = k.correlation_verdict() {
+                eprintln!("picks vs test outcomes, {}: {v}", k.kind);
+            }
         }
     }
     eprintln!(

@@ -39,4 +39,5 @@ mod serve;
 mod serve_bounds;
 mod serve_trace;
 mod serve_triton;
+mod split_out;
 mod sweep_indexed;

@@ -172,3 +172,47 @@ fn pick_probabilities_from_a_checkpoint() {
     assert_eq!(code, Some(2));
     assert!(err.contains("column `side`"), "{err}");
 }
+
+/// `kiln train` prints the pick lines (and which pricing wins) only for a table whose targets
+/// have persistence features (`<target>_l1`): the tiny baseball config does, an ordinary
+/// regression table does not (its evaluation stays in the manifest).
+#[test]
+fn train_prints_pick_lines_only_where_picks_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("out");
+    let (from, to) = crate::common::absolute_data();
+    let tiny = crate::common::tiny_config(dir.path(), &export, &[(from, &to)]);
+    let o = crate::common::kiln(&["train", "--plain", tiny.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("picks vs test outcomes, single legs"), "{err}");
+    let verdict = err
+        .lines()
+        .find(|l| l.starts_with("picks vs test outcomes, 3-leg picks: "))
+        .unwrap_or_else(|| panic!("no verdict line in {err}"));
+    assert!(
+        verdict.contains("wins (Brier") || verdict.contains("a tie"),
+        "{verdict}"
+    );
+
+    let mut csv = String::from("x,z,y\n");
+    for i in 0..120 {
+        csv.push_str(&format!("{i},{},{}\n", i % 5, (i % 9) as f64 * 0.5));
+    }
+    let data = dir.path().join("plain.csv");
+    std::fs::write(&data, csv).unwrap();
+    let cfg = dir.path().join("plain.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name: plain\ndata:\n  path: {}\n  features: [x, z]\n  targets: [y]\n  split: {{by: random, validation: 0.2, test: 0.2}}\nmodel:\n  hidden: [4]\nstages:\n  - name: mean\n    trainable: [backbone, mean_head]\n    loss: mse\n    epochs: 2\nexport:\n  dir: {}\n",
+            data.display(),
+            export.display()
+        ),
+    )
+    .unwrap();
+    let o = crate::common::kiln(&["train", "--plain", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("picks vs test"), "{err}");
+}

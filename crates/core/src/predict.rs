@@ -134,6 +134,29 @@ fn csv_field(s: &str) -> String {
     }
 }
 
+/// Which split each row of a loaded table trained, validated or tested on, as CSV
+/// `row,split`: `row` is the row's index among the file's data rows (0 = the first row after
+/// the header, as pandas and R's 1-based `row - 1` number them) and `split` is `train`,
+/// `validation` or `test`. Rows are in file order; a row absent from the output is in no
+/// split (outside every split, or dropped: e.g. a missing target). This is exactly the
+/// membership training uses, so other models can be fitted and scored on the same rows
+/// (`kiln config split`).
+pub fn split_membership(data: &crate::data::Dataset) -> String {
+    let parts = [&data.train, &data.validation, &data.test];
+    let mut rows: Vec<(usize, &str)> = parts
+        .iter()
+        .zip(crate::data::split::SPLIT_NAMES)
+        .flat_map(|(p, name)| p.source_rows.iter().map(move |&r| (r, name)))
+        .collect();
+    rows.sort_unstable();
+    let mut text = String::with_capacity(16 * rows.len() + 10);
+    text.push_str("row,split\n");
+    for (row, name) in rows {
+        let _ = writeln!(text, "{row},{name}");
+    }
+    text
+}
+
 /// Write predictions to a file atomically, or to stdout when `output` is `None`.
 pub fn write_output(text: &str, output: Option<&Path>) -> Result<(), PredictError> {
     match output {

@@ -7,6 +7,7 @@
 //! checks (positive sizes, `t_mult ≥ 1`, non-empty target lists, …) live in
 //! [`ExperimentConfig::validate`] and report the key path and the expected range.
 
+pub mod defaults;
 mod overrides;
 mod schema;
 mod validate;

@@ -911,6 +911,18 @@ pub enum ScheduleConfig {
         #[serde(default)]
         eta_min: f64,
     },
+    /// A linear warmup over the first `warmup` fraction of the stage's optimizer steps, then
+    /// half a cosine from the optimizer's lr down to `eta_min` at the stage's last step. The
+    /// length is the stage's `epochs` × batches per epoch, so it needs no step count and
+    /// fits any table size.
+    Cosine {
+        /// The fraction of the stage's steps spent warming up linearly from lr/steps (0 ≤ w < 1).
+        #[serde(default)]
+        warmup: f64,
+        /// The floor of the learning rate reached at the stage's end.
+        #[serde(default)]
+        eta_min: f64,
+    },
 }
 
 fn default_t_mult() -> u64 {
@@ -939,9 +951,32 @@ pub struct StageConfig {
     #[serde(default)]
     pub clip_norm: Option<f64>,
     /// Stop the stage when the validation loss has not improved for `patience` epochs
-    /// (absent: run every epoch). The best epoch is restored either way.
+    /// (absent: run every epoch). With `select: best` the best epoch is restored either way.
     #[serde(default)]
     pub early_stopping: Option<EarlyStopping>,
+    /// Which epoch's weights the stage ends with: the one with the lowest validation loss
+    /// (`best`, the default) or the last one (`last`: no selection on a noisy validation
+    /// curve; natural with a schedule that decays to its floor).
+    #[serde(default)]
+    pub select: EpochSelection,
+}
+
+/// Which epoch of a stage is kept.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EpochSelection {
+    /// The epoch with the lowest validation loss.
+    #[default]
+    Best,
+    /// The last epoch run.
+    Last,
+}
+
+impl EpochSelection {
+    /// Whether this is the default, [`EpochSelection::Best`].
+    pub fn is_best(&self) -> bool {
+        *self == EpochSelection::Best
+    }
 }
 
 /// Early stopping on the validation loss, per stage.

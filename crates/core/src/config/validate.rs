@@ -539,6 +539,23 @@ impl ExperimentConfig {
                     );
                 }
             }
+            if let ScheduleConfig::Cosine { warmup, eta_min } = s.schedule {
+                if !(warmup.is_finite() && (0.0..1.0).contains(&warmup)) {
+                    return bad(
+                        k("schedule.warmup"),
+                        format!("expected a fraction of the stage's steps in [0, 1), got {warmup}"),
+                    );
+                }
+                if !(eta_min.is_finite() && eta_min >= 0.0 && eta_min <= o.lr) {
+                    return bad(
+                        k("schedule.eta_min"),
+                        format!(
+                            "expected 0 ≤ eta_min ≤ optimizer.lr ({}), got {eta_min}",
+                            o.lr
+                        ),
+                    );
+                }
+            }
             if let Some(c) = s.clip_norm
                 && !(c.is_finite() && c > 0.0)
             {

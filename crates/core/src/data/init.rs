@@ -308,9 +308,11 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
             notes.push("no date column: random split 70/15/15 (seed 0)".into());
         }
     }
-    y.push_str(
-        "model:\n  hidden: [32, 32]\nloader:\n  batch_size: 64\n  num_workers: 0\nstages:\n  # The mean head first, then the variance head on the frozen mean.\n  - name: mean\n    trainable: [backbone, mean_head]\n    loss: mse\n    epochs: 30\n    optimizer: {lr: 3.0e-3}\n  - name: variance\n    trainable: [logvar_head]\n    loss: gaussian_nll\n    epochs: 30\n    optimizer: {lr: 3.0e-3, weight_decay: 0.0}\nexport:\n  dir: checkpoints\n",
-    );
+    // The training defaults live in config::defaults; the training split is about 70 % of
+    // the rows whichever split was chosen above.
+    let train_rows = table.rows.len() * 7 / 10;
+    y.push_str(&crate::config::defaults::TrainingDefaults::for_rows(train_rows).yaml());
+    y.push_str("export:\n  dir: checkpoints\n");
     Ok(Starter { yaml: y, notes })
 }
 

@@ -24,11 +24,24 @@ pub enum LrSchedule {
         /// The floor.
         eta_min: f64,
     },
+    /// Linear warmup over `warmup` steps, then half a cosine from `base` to `eta_min` over the
+    /// remaining steps of a stage of `total` steps (`eta_min` from there on).
+    Cosine {
+        /// The peak rate (the optimizer's lr).
+        base: f64,
+        /// The stage's optimizer steps.
+        total: u64,
+        /// Warmup steps (< `total`).
+        warmup: u64,
+        /// The floor.
+        eta_min: f64,
+    },
 }
 
 impl LrSchedule {
-    /// Build from the config and the stage's base learning rate.
-    pub fn new(cfg: &ScheduleConfig, base: f64) -> Self {
+    /// Build from the config, the stage's base learning rate and the stage's number of
+    /// optimizer steps (epochs × batches per epoch; read by `cosine` only).
+    pub fn new(cfg: &ScheduleConfig, base: f64, stage_steps: u64) -> Self {
         match *cfg {
             ScheduleConfig::Constant => LrSchedule::Constant { base },
             ScheduleConfig::CosineWarmRestarts {
@@ -41,6 +54,17 @@ impl LrSchedule {
                 t_mult,
                 eta_min,
             },
+            ScheduleConfig::Cosine { warmup, eta_min } => {
+                let total = stage_steps.max(1);
+                let warmup =
+                    ((warmup.clamp(0.0, 1.0) * total as f64).round() as u64).min(total - 1);
+                LrSchedule::Cosine {
+                    base,
+                    total,
+                    warmup,
+                    eta_min,
+                }
+            }
         }
     }
 
@@ -71,6 +95,19 @@ impl LrSchedule {
                     + (base - eta_min)
                         * (1.0 + (std::f64::consts::PI * t_cur as f64 / t_i as f64).cos())
                         / 2.0
+            }
+            LrSchedule::Cosine {
+                base,
+                total,
+                warmup,
+                eta_min,
+            } => {
+                if step < warmup {
+                    return base * (step + 1) as f64 / warmup as f64;
+                }
+                let span = (total - warmup).max(1) as f64;
+                let t = ((step - warmup) as f64 / span).min(1.0);
+                eta_min + (base - eta_min) * (1.0 + (std::f64::consts::PI * t).cos()) / 2.0
             }
         }
     }
@@ -128,5 +165,53 @@ mod tests {
         }
         assert!((s.lr(2) - 0.5).abs() < 1e-15);
         assert_eq!(LrSchedule::Constant { base: 0.3 }.lr(99), 0.3);
+    }
+
+    #[test]
+    fn cosine_warms_up_then_decays_to_its_floor_over_the_stage() {
+        let cfg = ScheduleConfig::Cosine {
+            warmup: 0.1,
+            eta_min: 0.01,
+        };
+        let s = LrSchedule::new(&cfg, 1.0, 100);
+        assert_eq!(
+            s,
+            LrSchedule::Cosine {
+                base: 1.0,
+                total: 100,
+                warmup: 10,
+                eta_min: 0.01
+            }
+        );
+        assert!(
+            (s.lr(0) - 0.1).abs() < 1e-12,
+            "warmup starts at base/warmup"
+        );
+        assert!((s.lr(9) - 1.0).abs() < 1e-12, "warmup ends at the peak");
+        assert!(
+            (s.lr(10) - 1.0).abs() < 1e-12,
+            "the cosine starts at the peak"
+        );
+        assert!(
+            (s.lr(55) - (0.01 + 0.99 * 0.5)).abs() < 1e-12,
+            "half-way: the mean"
+        );
+        assert!((s.lr(100) - 0.01).abs() < 1e-12, "the floor at the end");
+        assert!((s.lr(1000) - 0.01).abs() < 1e-12, "and after");
+        for k in 10..100 {
+            assert!(
+                s.lr(k + 1) <= s.lr(k),
+                "decays monotonically after the warmup"
+            );
+        }
+        let no_warmup = LrSchedule::new(
+            &ScheduleConfig::Cosine {
+                warmup: 0.0,
+                eta_min: 0.0,
+            },
+            0.5,
+            0,
+        );
+        assert_eq!(no_warmup.lr(0), 0.5, "an empty stage still has a rate");
     }
 }

@@ -31,7 +31,7 @@ use super::schedule::LrSchedule;
 use super::stage::set_trainable;
 use super::state::{self, Progress, Snapshot};
 use super::step::{NonFiniteLoss, StageOptimizer, StepAt, StepContext, Trainee, step};
-use crate::config::{Loss, StageConfig};
+use crate::config::{EpochSelection, Loss, StageConfig};
 use crate::data::Dataset;
 use crate::data::dataset::{Affine, sha256_hex};
 use crate::data::loader::{BatchSource, Loader, LoaderSpec};
@@ -166,7 +166,8 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         if let Some(p) = self.pending_optim.take() {
             optim = optim.load_record(state::decode::<B, _>(&p, &self.device)?);
         }
-        let schedule = LrSchedule::new(&stage.schedule, stage.optimizer.lr);
+        let stage_steps = (stage.epochs * self.data.loader.batches_per_epoch()) as u64;
+        let schedule = LrSchedule::new(&stage.schedule, stage.optimizer.lr, stage_steps);
         while self.progress.epoch < stage.epochs {
             let here = self.instruments.epochs_here(&self.progress.history).len();
             if job.stop_after_epochs.is_some_and(|n| here >= n) {
@@ -178,13 +179,19 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             if stopped_early {
                 let es = stage.early_stopping.expect("checked by should_stop");
                 self.reporter.line(&format!(
-                    "stage {}: early stop after epoch {}/{} (no validation improvement > {} for {} epochs; best epoch {} restored)",
+                    "stage {}: early stop after epoch {}/{} (no validation improvement > {} for {} epochs; {})",
                     stage.name,
                     self.progress.epoch,
                     stage.epochs,
                     es.min_delta,
                     es.patience,
-                    self.progress.best_epoch.map_or(0, |e| e + 1),
+                    match stage.select {
+                        EpochSelection::Best => format!(
+                            "best epoch {} restored",
+                            self.progress.best_epoch.map_or(0, |e| e + 1)
+                        ),
+                        EpochSelection::Last => "last epoch kept".to_string(),
+                    },
                 ));
             }
             let stage_done = stopped_early || self.progress.epoch >= stage.epochs;
@@ -300,10 +307,13 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         let encode =
             |m: &RegressionNet<B>| state::encode::<B, _>(m.clone().into_record(), &snap_dir);
         let snapshot = if stage_done {
-            // The refit pass keeps its last epoch: its validation rows are training rows.
+            // The refit pass keeps its last epoch: its validation rows are training rows; so
+            // does a stage that selects its last epoch.
             let best = self.best.take();
+            let select = self.job.config.config.stages[self.progress.stage].select;
             if let Some(b) = best
                 && self.job.config.config.refit_pass.is_none()
+                && select == EpochSelection::Best
             {
                 self.trainee.set(b);
             }

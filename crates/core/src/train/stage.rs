@@ -145,6 +145,7 @@ pub(crate) fn test_stage(optimizer: crate::config::OptimizerConfig) -> StageConf
         schedule: ScheduleConfig::Constant,
         clip_norm: None,
         early_stopping: None,
+        select: Default::default(),
     }
 }
 

@@ -451,6 +451,23 @@ pub struct PickKindReport {
     pub constant: ProbabilityScores,
 }
 
+impl PickKindReport {
+    /// Multi-leg picks: which pricing scores better by Brier on these outcomes, the residual
+    /// correlation (the model's) or the independence assumption, e.g. `independence wins
+    /// (Brier 0.09466 vs 0.09510 with the residual correlation)`; `None` for single legs.
+    pub fn correlation_verdict(&self) -> Option<String> {
+        let ind = self.independence.as_ref()?;
+        let (m, i) = (self.model.brier, ind.brier);
+        Some(if m < i {
+            format!("the residual correlation wins (Brier {m:.5} vs {i:.5} if independent)")
+        } else if i < m {
+            format!("independence wins (Brier {i:.5} vs {m:.5} with the residual correlation)")
+        } else {
+            format!("a tie (Brier {m:.5} either way)")
+        })
+    }
+}
+
 /// The whole evaluation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -496,6 +513,12 @@ impl PickEvaluation {
                     k.kind, sc.n, k.pushes, name, sc.brier, sc.log_loss, sc.mean_p, sc.hit_rate
                 ));
             }
+        }
+        for v in self.kinds.iter().filter_map(|k| {
+            k.correlation_verdict()
+                .map(|v| format!("{}: {v}\n", k.kind))
+        }) {
+            s.push_str(&v);
         }
         for k in &self.kinds {
             s.push_str(&format!(
@@ -585,5 +608,36 @@ impl LatencyReport {
             .iter()
             .find(|b| b.batch == batch)
             .map(|b| b.p50_us)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_correlation_verdict_names_the_lower_brier() {
+        let scores = |brier| ProbabilityScores {
+            brier,
+            ..Default::default()
+        };
+        let mut k = PickKindReport {
+            kind: "3-leg picks".into(),
+            model: scores(0.09510),
+            independence: Some(scores(0.09466)),
+            ..Default::default()
+        };
+        assert_eq!(
+            k.correlation_verdict().unwrap(),
+            "independence wins (Brier 0.09466 vs 0.09510 with the residual correlation)"
+        );
+        k.model = scores(0.09);
+        assert!(
+            k.correlation_verdict()
+                .unwrap()
+                .starts_with("the residual correlation wins")
+        );
+        k.independence = None;
+        assert_eq!(k.correlation_verdict(), None, "single legs have no verdict");
     }
 }
