@@ -204,7 +204,7 @@ impl<B: Backend> GpuEngine<B> {
 /// `rows × n_features` seeded values in about [-2.5, 2.5] (normalised features' range), with
 /// fractional parts that half-precision rounding changes.
 pub fn probe_rows(rows: usize, n_features: usize) -> Vec<f32> {
-    let mut rng = crate::rng::SplitMix64::new(0x6b69_6c6e_6770_75);
+    let mut rng = crate::rng::SplitMix64::new(0x006b_696c_6e67_7075);
     (0..rows * n_features)
         .map(|_| rng.uniform(-2.5, 2.5) as f32)
         .collect()

@@ -30,9 +30,9 @@ pub(crate) mod act;
 pub mod auto;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fused;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod gpu;
-pub mod fused;
 pub mod int8;
 
 pub use crate::simd::Isa;
