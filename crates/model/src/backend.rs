@@ -100,10 +100,15 @@ pub fn wgpu_probe() -> Result<burn::backend::wgpu::WgpuDevice, String> {
     });
     std::panic::set_hook(prev);
     match result {
-        Ok((device, v)) if v == 10.0 => Ok(device),
-        Ok((_, v)) => Err(format!(
-            "the wgpu device answered 1+2+3+4 = {v}: it is not usable"
-        )),
+        Ok((device, v)) => {
+            if (v - 10.0).abs() < 1e-6 {
+                Ok(device)
+            } else {
+                Err(format!(
+                    "the wgpu device answered 1+2+3+4 = {v}: it is not usable"
+                ))
+            }
+        }
         Err(p) => Err(format!(
             "no usable wgpu (Vulkan) device; install a Vulkan driver, e.g. Debian's \
              mesa-vulkan-drivers (lavapipe) ({})",
