@@ -13,9 +13,15 @@
 //!    1,024 and 65,536).
 //! 5. A short bf16 training run (`configs/tiny.yaml` with `device: cuda`, `precision: bf16`).
 //!
-//! Prints one JSON document on stdout (every step's result, the files looked for and where),
-//! and exits 0 only when every step passed. When a step cannot run (no `cuda` feature, no
-//! driver, no device) it says so in one line on stderr and exits 1.
+//! Prints one JSON document on stdout (every step's result, the files looked for and where,
+//! `warnings`), and exits 0 only when every step passed. Each step runs guarded: an error *or
+//! a panic* in it (a CubeCL device thread's, a backend's) becomes that step's entry in
+//! `steps` (`{"step", "ok", "error"}`), the later steps that do not depend on it still run, and
+//! the JSON always comes out. When a step fails (no `cuda` feature, no driver, no device, a
+//! failed agreement or training) the first failure is said in one line on stderr
+//! (`failed_step` in the JSON) and the exit code is 1. A CUDA toolkit's `stubs/libcuda.so`
+//! that the loader would take (from `LD_LIBRARY_PATH`) is warned about (`warnings`, and a
+//! `warning:` line on stderr): cubecl fails with a bare `RecvError` then.
 
 use std::path::{Path, PathBuf};
 
@@ -57,10 +63,19 @@ pub fn run(args: &GpuCheckArgs) -> CliResult {
     let var = |k: &str| std::env::var(k).ok();
     let dirs = kiln::doctor::cuda_search_dirs(&var);
     let libraries = kiln::doctor::find_cuda_libraries(&dirs);
+    let warnings = kiln::doctor::cuda_stub_warnings(
+        &std::env::var("LD_LIBRARY_PATH").unwrap_or_default(),
+        &libraries,
+    );
+    for w in &warnings {
+        eprintln!("warning: kiln doctor --gpu: {w}");
+    }
     let report = json!({
         "check": "kiln doctor --gpu",
         "doctor": kiln::doctor::report(),
         "libraries": libraries,
+        "warnings": warnings,
+        "steps": [],
     });
     if !cfg!(feature = "cuda") {
         return fail(report, "build", NO_CUDA_FEATURE.into());
@@ -141,52 +156,110 @@ fn checks(_args: &GpuCheckArgs, report: Value) -> CliResult {
     fail(report, "build", NO_CUDA_FEATURE.into())
 }
 
-#[cfg(feature = "cuda")]
-fn checks(args: &GpuCheckArgs, mut report: Value) -> CliResult {
-    if let Err(e) = kiln::backend::cuda_probe() {
-        return fail(report, "device", e.to_string());
-    }
-    let mut ok = true;
-    match agreement() {
-        Ok((v, passed)) => {
-            ok &= passed;
-            report["agreement"] = v;
+/// Run `f` as the step `name` of `report`: its value under `report[name]`, an entry in
+/// `report["steps"]`; an error or a panic is the step's failure (the first one is
+/// `failed_step`), never the end of the check. Whether it passed.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn step(report: &mut Value, name: &str, f: impl FnOnce() -> Result<Value, String>) -> bool {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(prev);
+    let outcome = outcome.unwrap_or_else(|p| {
+        Err(format!(
+            "{name} panicked: {}",
+            kiln::backend::panic_text(&*p)
+        ))
+    });
+    let entry = match outcome {
+        Ok(v) => {
+            report[name] = v;
+            json!({"step": name, "ok": true})
         }
-        Err(e) => return fail(report, "agreement", e),
-    }
-    let weights = kiln::infer::reference_weights(7);
-    let opts = kiln::bench::infer::InferBenchOptions {
-        batches: vec![1, 1024, 65536],
-        threads: 1,
-        min_time: std::time::Duration::from_secs_f64(args.bench_seconds),
-        min_samples: 20,
-        ..Default::default()
+        Err(e) => {
+            if report.get("failed_step").is_none() {
+                report["failed_step"] = json!(name);
+                report["error"] = json!(e);
+            }
+            json!({"step": name, "ok": false, "error": e})
+        }
     };
-    let engines: Vec<String> = ["fused", "cuda-f32", "cuda-bf16"]
-        .iter()
-        .map(|e| e.to_string())
-        .collect();
-    match kiln::bench::infer::run_infer(&weights, &engines, &opts) {
-        Ok(results) => report["bench_infer"] = serde_json::to_value(results)?,
-        Err(e) => return fail(report, "bench_infer", e.to_string()),
+    let ok = entry["ok"] == true;
+    if let Some(steps) = report["steps"].as_array_mut() {
+        steps.push(entry);
     }
-    match train_bf16(&args.config) {
-        Ok(v) => report["train_bf16"] = v,
-        Err(e) => return fail(report, "train_bf16", e),
+    ok
+}
+
+/// A step not run because an earlier one it needs failed.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn skipped(report: &mut Value, name: &str, because: &str) {
+    if let Some(steps) = report["steps"].as_array_mut() {
+        steps.push(json!({"step": name, "ok": false, "skipped": because}));
     }
+}
+
+/// Print the report; exit 1 with its first failure unless every step passed.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn finish(mut report: Value) -> CliResult {
+    let ok = report.get("failed_step").is_none();
     report["ok"] = json!(ok);
     println!("{}", serde_json::to_string_pretty(&report)?);
     if ok {
-        Ok(())
-    } else {
-        Err(CliError {
-            code: 1,
-            error: anyhow::anyhow!(
-                "kiln doctor --gpu: a CUDA engine disagrees with the f32 CPU forward beyond its \
-                 bound (see \"agreement\")"
-            ),
-        })
+        return Ok(());
     }
+    let why = report["error"]
+        .as_str()
+        .unwrap_or("a step failed")
+        .to_string();
+    Err(CliError {
+        code: 1,
+        error: anyhow::anyhow!("kiln doctor --gpu: {why}"),
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn checks(args: &GpuCheckArgs, mut report: Value) -> CliResult {
+    let device_ok = step(&mut report, "device", || {
+        kiln::backend::cuda_probe()
+            .map(|d| json!(format!("{d:?}")))
+            .map_err(|e| e.to_string())
+    });
+    if !device_ok {
+        for s in ["agreement", "bench_infer", "train_bf16"] {
+            skipped(&mut report, s, "no usable CUDA device");
+        }
+        return finish(report);
+    }
+    step(&mut report, "agreement", || {
+        let (v, passed) = agreement()?;
+        if passed {
+            Ok(v)
+        } else {
+            Err(format!(
+                "a CUDA engine disagrees with the f32 CPU forward beyond its bound: {v}"
+            ))
+        }
+    });
+    step(&mut report, "bench_infer", || {
+        let weights = kiln::infer::reference_weights(7);
+        let opts = kiln::bench::infer::InferBenchOptions {
+            batches: vec![1, 1024, 65536],
+            threads: 1,
+            min_time: std::time::Duration::from_secs_f64(args.bench_seconds),
+            min_samples: 20,
+            ..Default::default()
+        };
+        let engines: Vec<String> = ["fused", "cuda-f32", "cuda-bf16"]
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        let results =
+            kiln::bench::infer::run_infer(&weights, &engines, &opts).map_err(|e| e.to_string())?;
+        serde_json::to_value(results).map_err(|e| e.to_string())
+    });
+    step(&mut report, "train_bf16", || train_bf16(&args.config));
+    finish(report)
 }
 
 /// `cuda-bf16` and `cuda-f32` against the Burn f32 CPU forward; (report, all within bound).

@@ -14,6 +14,7 @@ mod exact;
 mod faults_serve;
 mod faults_train;
 mod finite;
+mod gpu;
 mod grpc;
 mod import;
 mod mlflow_real;

@@ -265,14 +265,23 @@ fn site_packages(var: &dyn Fn(&str) -> Option<String>) -> Vec<std::path::PathBuf
     out
 }
 
-/// Look for each of [`CUDA_LIBRARIES`] in `dirs` and try to load what is found.
+/// Look for each of [`CUDA_LIBRARIES`] in `dirs` (a name before the next one, a directory
+/// before the next; a toolkit stub last) and try to load what is found.
 pub fn find_cuda_libraries(dirs: &[std::path::PathBuf]) -> Vec<LibrarySearch> {
     CUDA_LIBRARIES
         .iter()
         .map(|(library, names)| {
-            let found = names
-                .iter()
-                .find_map(|n| dirs.iter().map(|d| d.join(n)).find(|p| p.is_file()));
+            // A toolkit's link stub (`…/stubs/libcuda.so`) only when nothing else is there:
+            // it loads, but there is no driver behind it.
+            let candidates = || {
+                names
+                    .iter()
+                    .flat_map(|n| dirs.iter().map(move |d| d.join(n)))
+                    .filter(|p| p.is_file())
+            };
+            let found = candidates()
+                .find(|p| !is_stub(p))
+                .or_else(|| candidates().next());
             LibrarySearch {
                 library: library.to_string(),
                 names: names.iter().map(|n| n.to_string()).collect(),
@@ -282,6 +291,51 @@ pub fn find_cuda_libraries(dirs: &[std::path::PathBuf]) -> Vec<LibrarySearch> {
             }
         })
         .collect()
+}
+
+/// The `libcuda` the dynamic loader would take by its soname: the first `libcuda.so.1` in the
+/// `LD_LIBRARY_PATH` directories (`ld_library_path`, colon-separated), in order; `None` when
+/// none holds one (the loader then goes on to its cache and the system directories).
+pub fn libcuda_on_library_path(ld_library_path: &str) -> Option<std::path::PathBuf> {
+    ld_library_path
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| std::path::Path::new(d).join("libcuda.so.1"))
+        .find(|p| p.exists())
+}
+
+/// Whether `path` is a CUDA toolkit's link stub (a directory named `stubs` on its way):
+/// loadable, but with no driver behind it.
+pub fn is_stub(path: &std::path::Path) -> bool {
+    path.components().any(|c| c.as_os_str() == "stubs")
+}
+
+/// Warnings about the CUDA driver library: the loader would take a toolkit stub (from
+/// `LD_LIBRARY_PATH`), or the search found only a stub. cubecl then fails with a bare
+/// `RecvError` on its device thread, although a real driver may be installed.
+pub fn cuda_stub_warnings(ld_library_path: &str, libraries: &[LibrarySearch]) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(p) = libcuda_on_library_path(ld_library_path).filter(|p| is_stub(p)) {
+        out.push(format!(
+            "the dynamic loader would take {}, a CUDA toolkit stub (its directory is on \
+             LD_LIBRARY_PATH): CUDA then fails with a bare RecvError; remove the stubs/ \
+             directory from LD_LIBRARY_PATH",
+            p.display()
+        ));
+    }
+    for lib in libraries.iter().filter(|l| l.library == "libcuda") {
+        if let Some(f) = lib
+            .found
+            .as_deref()
+            .filter(|f| is_stub(std::path::Path::new(f)))
+        {
+            out.push(format!(
+                "the only libcuda found is {f}, a CUDA toolkit stub, not the driver: install \
+                 the NVIDIA driver (or mount it into the container)"
+            ));
+        }
+    }
+    out
 }
 
 /// Gather the report.
@@ -419,6 +473,40 @@ impl DoctorReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A toolkit's `stubs/libcuda.so.1` first on `LD_LIBRARY_PATH` is named as what the loader
+    /// would take; a real one is not warned about.
+    #[test]
+    fn a_stub_libcuda_on_the_library_path_is_warned_about() {
+        let tmp = tempfile::tempdir().unwrap();
+        let stubs = tmp.path().join("cuda/lib64/stubs");
+        let real = tmp.path().join("nvidia/lib64");
+        for d in [&stubs, &real] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("libcuda.so.1"), b"").unwrap();
+        }
+        let path = format!("/nonexistent:{}:{}", stubs.display(), real.display());
+        assert_eq!(
+            super::libcuda_on_library_path(&path),
+            Some(stubs.join("libcuda.so.1"))
+        );
+        let w = super::cuda_stub_warnings(&path, &[]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("stub") && w[0].contains("LD_LIBRARY_PATH"),
+            "{w:?}"
+        );
+        let path = format!("{}:{}", real.display(), stubs.display());
+        assert!(super::cuda_stub_warnings(&path, &[]).is_empty());
+        let found_stub = super::LibrarySearch {
+            library: "libcuda".into(),
+            names: vec!["libcuda.so.1".into()],
+            dirs: Vec::new(),
+            found: Some(stubs.join("libcuda.so.1").display().to_string()),
+            loadable: None,
+        };
+        assert_eq!(super::cuda_stub_warnings("", &[found_stub]).len(), 1);
+    }
 
     #[test]
     fn json_has_every_field() {

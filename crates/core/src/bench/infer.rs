@@ -305,11 +305,12 @@ fn build_forced(
     threads: usize,
 ) -> Result<Box<dyn Engine>, BenchError> {
     let Some((base, isa)) = name.split_once('@') else {
-        return Ok(build_engine(
-            crate::infer::parse_engine(name)?,
-            weights,
-            threads,
-        )?);
+        let engine = build_engine(crate::infer::parse_engine(name)?, weights, threads)?;
+        if let Some(note) = engine.load_note() {
+            // The GPU engines' dtype and measured deviation from `fused`, as at every load.
+            eprintln!("{note}");
+        }
+        return Ok(engine);
     };
     let isa = [Isa::Avx512, Isa::Avx2, Isa::Portable]
         .into_iter()

@@ -369,6 +369,20 @@ pub fn dispatch(job: &TrainJob<'_>) -> Result<TrainOutcome, RunError> {
                 precision: format!("{precision:?}"),
                 build: format!("no usable GPU: {e}"),
             })?;
+            // Burn keeps one default float dtype per device: set it to the run's precision
+            // before the model exists, or bf16 silently trains in f32.
+            let dtype = match precision {
+                Precision::F32 => burn::tensor::DType::F32,
+                Precision::Bf16 => burn::tensor::DType::BF16,
+            };
+            crate::backend::set_float_dtype::<crate::backend::CudaF32>(&device, dtype).map_err(
+                |e| RunError::Unsupported {
+                    device: "cuda".into(),
+                    backend: format!("{:?}", c.backend),
+                    precision: format!("{precision:?}"),
+                    build: e,
+                },
+            )?;
             match precision {
                 Precision::F32 => {
                     train::<burn::backend::Autodiff<crate::backend::CudaF32>>(job, &device)?.outcome

@@ -63,46 +63,48 @@ impl<'a, B: AutodiffBackend> StepContext<'a, B> {
     }
 }
 
-/// The network being trained, and an empty network (no elements) that holds its place while
-/// the optimizer owns the parameters, so that the update happens in place (a clone of the
-/// model would share the buffers and make every step copy them first).
+/// The network being trained. The optimizer owns the parameters during its update, so the
+/// network is held in an `Option` and taken out meanwhile: the update happens in place (a clone
+/// of the model would share the buffers and make every step copy them first), and no
+/// placeholder network is ever built. (A 0-feature placeholder used to hold its place: its
+/// `[0, 0]` weights are zero-element device tensors, which CubeCL's CUDA runtime rejects with
+/// `UnsupportedStrides`, reported at the next read — the loss — so every CUDA run died in its
+/// first epoch. [`RegressionNetConfig::init`] now refuses zero-sized layers.)
 pub struct Trainee<B: AutodiffBackend> {
-    model: RegressionNet<B>,
-    stand_in: RegressionNet<B>,
+    model: Option<RegressionNet<B>>,
 }
 
 impl<B: AutodiffBackend> Trainee<B> {
     /// Wrap `model`.
-    pub fn new(model: RegressionNet<B>, device: &B::Device) -> Self {
-        let stand_in = RegressionNetConfig {
-            n_features: 0,
-            hidden: Vec::new(),
-            n_targets: 0,
-            activation: model.activation,
-        }
-        .init(0, device);
-        Self { model, stand_in }
+    pub fn new(model: RegressionNet<B>, _device: &B::Device) -> Self {
+        Self { model: Some(model) }
     }
 
     /// The network.
     pub fn model(&self) -> &RegressionNet<B> {
-        &self.model
+        self.model
+            .as_ref()
+            .expect("the network is only taken out during an update")
     }
 
     /// Replace the network (a restored best epoch, a stage's freezing).
     pub fn set(&mut self, model: RegressionNet<B>) {
-        self.model = model;
+        self.model = Some(model);
     }
 
     /// Apply `f` to the network, which it owns meanwhile.
     pub fn update(&mut self, f: impl FnOnce(RegressionNet<B>) -> RegressionNet<B>) {
-        let model = std::mem::replace(&mut self.model, self.stand_in.clone());
-        self.model = f(model);
+        let model = self
+            .model
+            .take()
+            .expect("the network is only taken out during an update");
+        self.model = Some(f(model));
     }
 
     /// The network.
     pub fn into_model(self) -> RegressionNet<B> {
         self.model
+            .expect("the network is only taken out during an update")
     }
 }
 

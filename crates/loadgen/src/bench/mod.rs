@@ -302,6 +302,43 @@ pub struct WatchCost {
     pub ratio_p50: f64,
 }
 
+/// Wait until the in-process server `h` serves every model (at most 120 s), or fail at once
+/// when a model's version was rejected (failed to load or warm up, e.g. a GPU engine without a
+/// usable GPU) and nothing is served for it: waiting would not change that. `what` names the
+/// server in the message.
+pub(crate) fn await_ready(
+    rt: &tokio::runtime::Runtime,
+    h: &ServerHandle,
+    what: &str,
+) -> Result<(), ServeBenchError> {
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        if h.is_ready() {
+            return Ok(());
+        }
+        let rejected: Vec<String> = h
+            .repository()
+            .index(false)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.state == "UNAVAILABLE" && !e.reason.is_empty())
+            .map(|e| format!("model {}: {}", e.name, e.reason))
+            .collect();
+        if !rejected.is_empty() {
+            return Err(ServeBenchError::Invalid(format!(
+                "{what} cannot serve: version rejected: {}",
+                rejected.join("; ")
+            )));
+        }
+        if std::time::Instant::now() >= until {
+            return Err(ServeBenchError::Invalid(format!(
+                "{what} did not become ready within 120 s"
+            )));
+        }
+        rt.block_on(tokio::time::sleep(Duration::from_millis(5)));
+    }
+}
+
 /// Run the benchmark (blocking; builds its own runtimes).
 pub fn run_serve_bench(opts: &ServeBenchOptions) -> Result<ServeBenchReport, ServeBenchError> {
     if opts.requests == 0 || opts.rounds == 0 || opts.connections == 0 {
@@ -352,12 +389,11 @@ pub fn run_serve_bench(opts: &ServeBenchOptions) -> Result<ServeBenchReport, Ser
             let rt = b.build().map_err(ServeBenchError::Runtime)?;
             let cfg = in_process_config(opts);
             let handle = rt.block_on(kiln_serve::start(cfg))?;
-            if !rt.block_on(handle.wait_ready(Duration::from_secs(120))) {
-                return Err(ServeBenchError::Invalid(format!(
-                    "the repository {} did not become ready within 120 s",
-                    opts.repository.display()
-                )));
-            }
+            await_ready(
+                &rt,
+                &handle,
+                &format!("the repository {}", opts.repository.display()),
+            )?;
             let a = handle.addr;
             server = Some((rt, handle));
             a

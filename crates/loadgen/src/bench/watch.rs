@@ -74,11 +74,7 @@ pub(super) fn watch_costs(
             ..in_process_config(opts)
         };
         let h = rt.block_on(kiln_serve::start(cfg))?;
-        if !rt.block_on(h.wait_ready(Duration::from_secs(120))) {
-            return Err(ServeBenchError::Invalid(format!(
-                "the `{name}` server did not become ready within 120 s"
-            )));
-        }
+        super::await_ready(&rt, &h, &format!("the `{name}` server"))?;
         let sampled = name != "trace_unsampled";
         servers.push((name, sampled, h));
     }

@@ -11,7 +11,11 @@
 //! | `int8` | [`Int8Engine`]: int8 weights per channel, int8 activations per row, i32 dot products (AVX-512 VNNI) | `int8::INT8_ABS_TOL` + `int8::INT8_REL_TOL` × abs(y) |
 //! | `auto` (default) | [`AutoEngine`]: the fastest *exact* engine: `fused` on this CPU's best instruction set; a row's bits never depend on the batch | that of `fused` (bit for bit) |
 //! | `auto-int8` | [`AutoEngine::with_int8`]: per batch-size bucket, the fastest of `fused` and `int8` (when int8's bound holds for the checkpoint), timed at load | that of the chosen engine (bit for bit) |
-//! | `cuda-bf16`, `cuda-f32` | `cuda::CudaEngine` (feature `cuda`): Burn's CUDA backend, every batch bucket warmed up at build | ≤ 1e-2 relative |
+//! | `cuda-bf16`, `cuda-f32` | `gpu::GpuEngine` (feature `cuda`): Burn's CUDA backend with an explicit dtype (bf16 / f32), every batch bucket warmed up at build, its max deviation from `fused` measured at load | ≤ 1e-2 relative |
+//!
+//! With the `wgpu` feature, `gpu::GpuEngine` also runs on Burn's wgpu backend (any Vulkan
+//! device; Mesa's software lavapipe in CI) in f32 and f16: the tests of the GPU path without a
+//! GPU (`crates/core/tests/wgpu.rs`). It is not a named engine.
 //!
 //! Build one by name with [`build_engine`]; [`reference_weights`] gives the benchmarks'
 //! reference network.
@@ -27,6 +31,8 @@ pub mod auto;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fused;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod gpu;
 pub mod int8;
 
 pub use crate::simd::Isa;
@@ -100,6 +106,11 @@ pub trait Engine: Send {
     }
     /// What an [`AutoEngine`] chose per batch-size bucket (`None` for every other engine).
     fn auto_choice(&self) -> Option<&AutoChoice> {
+        None
+    }
+    /// A line to print when the engine is loaded (the GPU engines: their dtype and measured
+    /// deviation from `fused`); `None` for the CPU engines.
+    fn load_note(&self) -> Option<String> {
         None
     }
 }
@@ -221,14 +232,16 @@ pub fn build_engine(
         K::Auto => Ok(Box::new(AutoEngine::new(weights, threads)?)),
         K::AutoInt8 => Ok(Box::new(AutoEngine::with_int8(weights, threads)?)),
         #[cfg(feature = "cuda")]
-        K::CudaBf16 => Ok(Box::new(cuda::CudaEngine::<crate::backend::CudaBf16>::new(
+        K::CudaBf16 => Ok(Box::new(cuda::cuda_engine::<crate::backend::CudaBf16>(
             weights,
             K::CudaBf16.name(),
+            burn::tensor::DType::BF16,
         )?)),
         #[cfg(feature = "cuda")]
-        K::CudaF32 => Ok(Box::new(cuda::CudaEngine::<crate::backend::CudaF32>::new(
+        K::CudaF32 => Ok(Box::new(cuda::cuda_engine::<crate::backend::CudaF32>(
             weights,
             K::CudaF32.name(),
+            burn::tensor::DType::F32,
         )?)),
         #[cfg(not(feature = "cuda"))]
         K::CudaBf16 | K::CudaF32 => Err(InferError::Unavailable {

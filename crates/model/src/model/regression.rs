@@ -95,7 +95,20 @@ impl RegressionNetConfig {
     }
 
     /// Build the network on `device` with weights drawn from `seed`.
+    ///
+    /// # Panics
+    /// When a layer has a zero-sized dimension (no features, no targets or a hidden width of 0;
+    /// config validation rejects each). Such a layer is a zero-element device tensor, which
+    /// CubeCL's CUDA runtime rejects (`UnsupportedStrides`, reported late, at the next read of
+    /// anything on the stream): refusing it here makes the mistake fail on every backend, in
+    /// the CPU tests too, instead of only on a GPU.
     pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> RegressionNet<B> {
+        assert!(
+            self.layer_shapes().iter().all(|&(i, o)| i > 0 && o > 0),
+            "a RegressionNet with a zero-sized layer ({:?}) would create zero-element device \
+             tensors (CubeCL's CUDA runtime rejects them: UnsupportedStrides)",
+            self.layer_shapes()
+        );
         let mut rng = SplitMix64::derive(seed, &[INIT_STREAM]);
         let mut layers: Vec<Linear<B>> = self
             .layer_shapes()
@@ -281,6 +294,20 @@ pub fn apply_activation<B: Backend, const D: usize>(
 mod tests {
     use super::*;
     use burn::backend::Flex;
+
+    /// The 0-feature "stand-in" network the training session once built killed every CUDA run
+    /// (zero-element tensors → `UnsupportedStrides`); building one now fails on any backend.
+    #[test]
+    #[should_panic(expected = "zero-element device tensors")]
+    fn a_network_with_a_zero_sized_layer_is_refused() {
+        let arch = RegressionNetConfig {
+            n_features: 0,
+            hidden: Vec::new(),
+            n_targets: 0,
+            activation: Default::default(),
+        };
+        let _ = arch.init::<Flex>(0, &Default::default());
+    }
 
     #[test]
     fn reference_network_has_3654_parameters() {
