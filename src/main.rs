@@ -274,6 +274,10 @@ enum ConfigCommand {
     Check {
         /// The config file.
         file: PathBuf,
+        /// Override a config value before checking, as `kiln train --set` does:
+        /// `--set data.path=other.csv`.
+        #[arg(long, value_name = "KEY=VALUE")]
+        set: Vec<String>,
     },
 }
 
@@ -397,8 +401,8 @@ fn run(cli: Cli) -> CliResult {
             },
         }),
         Command::Config {
-            command: ConfigCommand::Check { file },
-        } => cli::config::check(&file),
+            command: ConfigCommand::Check { file, set },
+        } => cli::config::check(&file, &set),
         Command::Init { data, targets, out } => cli::config::init(&data, &targets, &out),
         Command::Checkpoint {
             command: CheckpointCommand::Reseal { dir, dir_arg },
