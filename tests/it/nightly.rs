@@ -669,7 +669,11 @@ fn the_nightly_drill_promotes_growing_data_and_refuses_a_corrupted_night() {
             kiln::track::promote::quality_and_rows_on(&mut p, &d.targets, &x, &d.test.y).unwrap();
         let served_m = kiln::track::promote::Measurement {
             quality: q.clone(),
-            latency: vec![],
+            latency: vec![kiln::track::promote::BatchP50 {
+                batch: 1,
+                p50_us: 10.0,
+                iters: 1,
+            }],
             weights_sha256: "v3".into(),
             rows: Some(rows.clone()),
         };

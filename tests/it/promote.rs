@@ -671,13 +671,13 @@ fn models_are_compared_on_raw_columns() {
         missing_to_unknown: true,
         ..InputColumn::numeric(name)
     };
-    let table = CsvTable::from_bytes(
-        b"age,dest,y\n30,LEX,1\n31,BOS,2\n",
-        Path::new("night.csv"),
-    )
-    .unwrap();
+    let table =
+        CsvTable::from_bytes(b"age,dest,y\n30,LEX,1\n31,BOS,2\n", Path::new("night.csv")).unwrap();
     let served = with(vec![InputColumn::numeric("age"), cat("dest", &["BOS"])]);
-    let cand = with(vec![InputColumn::numeric("age"), cat("dest", &["BOS", "LEX"])]);
+    let cand = with(vec![
+        InputColumn::numeric("age"),
+        cat("dest", &["BOS", "LEX"]),
+    ]);
     // One more category: comparable; LEX is the served version's unknown bucket.
     compatible_on_raw_columns(3, &served, &cand, &table).unwrap();
     let x = raw_inputs(
@@ -688,17 +688,29 @@ fn models_are_compared_on_raw_columns() {
     )
     .unwrap();
     assert_eq!(x, [30.0, 0.0, 31.0, 1.0]);
-    let x = raw_inputs(&cand.input_preprocessing(), &table, &[0, 1], "the candidate").unwrap();
+    let x = raw_inputs(
+        &cand.input_preprocessing(),
+        &table,
+        &[0, 1],
+        "the candidate",
+    )
+    .unwrap();
     assert_eq!(x, [30.0, 0.0, 1.0, 31.0, 1.0, 0.0]);
     // A column gone: one line naming it.
     let gone = with(vec![InputColumn::numeric("age"), cat("origin", &["BOS"])]);
     let e = compatible_on_raw_columns(3, &gone, &cand, &table).unwrap_err();
     assert!(matches!(e, PromoteError::Incompatible(_)) && e.is_input());
     let m = e.to_string();
-    assert!(m.contains("column `origin` is gone") && m.contains("served version 3"), "{m}");
+    assert!(
+        m.contains("column `origin` is gone") && m.contains("served version 3"),
+        "{m}"
+    );
     assert!(!m.contains('\n') && m.len() < 160, "{m}");
     // A type change: one line naming the column and both kinds.
-    let retyped = with(vec![InputColumn::numeric("age"), InputColumn::numeric("dest")]);
+    let retyped = with(vec![
+        InputColumn::numeric("age"),
+        InputColumn::numeric("dest"),
+    ]);
     let m = compatible_on_raw_columns(3, &served, &retyped, &table)
         .unwrap_err()
         .to_string();

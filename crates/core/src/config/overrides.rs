@@ -64,7 +64,10 @@ pub fn apply_overrides(
             if !obj.contains_key(name) && depth == 0 && OPTIONAL_TOP_LEVEL.contains(&name) {
                 // A documented top-level key the file leaves out (absent from the serialised
                 // config): --set adds it; the schema below checks its value.
-                obj.insert(name.to_string(), serde_json::Value::Object(Default::default()));
+                obj.insert(
+                    name.to_string(),
+                    serde_json::Value::Object(Default::default()),
+                );
             }
             if !obj.contains_key(name) {
                 let known: Vec<&String> = obj.keys().collect();
