@@ -274,6 +274,10 @@ enum ConfigCommand {
     Check {
         /// The config file.
         file: PathBuf,
+        /// Override a config value before checking, as `kiln train --set` does:
+        /// `--set data.path=other.csv`.
+        #[arg(long, value_name = "KEY=VALUE")]
+        set: Vec<String>,
     },
     /// Write which split every row of the config's table trains, validates or tests on, as
     /// CSV `row,split` (row = index among the data rows, 0 = the first after the header;
@@ -410,8 +414,8 @@ fn run(cli: Cli) -> CliResult {
             },
         }),
         Command::Config {
-            command: ConfigCommand::Check { file },
-        } => cli::config::check(&file),
+            command: ConfigCommand::Check { file, set },
+        } => cli::config::check(&file, &set),
         Command::Config {
             command: ConfigCommand::Split { file, out, set },
         } => cli::config::split(&file, out.as_deref(), &set),

@@ -6,9 +6,10 @@ use super::{CliError, CliResult};
 use kiln::config;
 
 /// Validate a config without training, and check it against its data: the file is
-/// readable, the columns exist with the right kinds, every split has rows.
-pub fn check(path: &Path) -> CliResult {
-    let loaded = config::load(path).map_err(CliError::input)?;
+/// readable, the columns exist with the right kinds, every split has rows. `set` holds
+/// `--set KEY=VALUE` overrides, applied as `kiln train` applies them.
+pub fn check(path: &Path, set: &[String]) -> CliResult {
+    let loaded = config::load_with_overrides(path, set).map_err(CliError::input)?;
     let c = &loaded.config;
     let data = kiln::data::Dataset::load(&c.data).map_err(CliError::input)?;
     println!(

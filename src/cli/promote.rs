@@ -5,15 +5,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{CliError, CliResult};
-use kiln::track::promote::{Gates, Outcome, PromoteOptions, parse_fraction, promote};
+use kiln::track::promote::{
+    Gates, NightFailure, Outcome, PromoteOptions, parse_fraction, promote, record_failure,
+};
 
 /// Compare a candidate checkpoint with the version served from `DIR/NAME/` (the highest that
 /// loads) on the candidate's test split — the rows the run held out, from the data file it
 /// trained on (its SHA-256 is checked) — and on the same latency benchmark (same engine, this
 /// machine, now, interleaved). Quality is compared paired, row by row, with a bootstrap
 /// confidence interval: a target's MSE or the mean NLL refuses the candidate only when it is
-/// worse with --confidence beyond the tolerance (--max-mse-increase, --max-nll-increase), so
-/// seed noise does not flip the decision; the median latency at batch 1 and 128 must stay
+/// worse with --confidence beyond a small practical margin (--max-mse-increase, default 2 %;
+/// --max-nll-increase), so test-set noise does not flip the decision and a real regression
+/// of a few per cent is refused; the median latency at batch 1 and 128 must stay
 /// below --max-latency-ratio times the served one's. A promoted candidate is written to
 /// `DIR/NAME/<next>/` atomically (a polling server never sees part of it). The decision and
 /// its numbers are printed and recorded in the run registry's `promotions` table (`kiln runs
@@ -30,7 +33,8 @@ pub struct PromoteArgs {
     #[arg(
         long = "checkpoint",
         value_name = "DIR",
-        required_unless_present = "candidate_arg"
+        required_unless_present = "candidate_arg",
+        value_parser = path_or_empty
     )]
     pub candidate: Option<PathBuf>,
     /// The candidate, positionally (the older spelling; hidden).
@@ -52,9 +56,9 @@ pub struct PromoteArgs {
     /// Engine to measure both models with (default: the serving default).
     #[arg(long, value_parser = super::parse_engine)]
     pub engine: Option<kiln::records::EngineKind>,
-    /// Tolerated increase of any target's test MSE: `10%` or `0.10`. Refused only when the
-    /// increase's lower confidence bound exceeds it.
-    #[arg(long, default_value = "10%", value_parser = parse_fraction, value_name = "FRACTION")]
+    /// The practical margin on any target's test MSE: `2%` or `0.02`. Refused only when the
+    /// increase's lower confidence bound exceeds it (worse beyond noise by more than this).
+    #[arg(long, default_value = "2%", value_parser = parse_fraction, value_name = "FRACTION")]
     pub max_mse_increase: f64,
     /// Tolerated increase of the mean test Gaussian NLL (nats per value), in the same way.
     #[arg(long, default_value_t = 0.02, value_name = "NATS")]
@@ -98,6 +102,25 @@ pub struct PromoteArgs {
     /// Print the decision as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Print only the verdict line (the checks stay in the registry).
+    #[arg(short, long, conflicts_with = "json")]
+    pub quiet: bool,
+    /// The exit code of the `kiln train` that was to produce --checkpoint (the nightly
+    /// script passes `$?`). Not 0: the night failed in training — nothing is compared, one
+    /// `failed` row with the code and the reason (the last line of --train-log) goes into
+    /// `kiln runs promotions`, and `kiln promote` exits with CODE, so the script keeps the
+    /// training step's exit code. --checkpoint may then be empty.
+    #[arg(long, value_name = "CODE", default_value_t = 0)]
+    pub train_exit: u8,
+    /// With a failed --train-exit: the training step's log (its stderr); its last line is the
+    /// recorded reason.
+    #[arg(long, value_name = "FILE")]
+    pub train_log: Option<PathBuf>,
+}
+
+/// A path, or empty (what `$(kiln train …)` gives when training failed).
+fn path_or_empty(text: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(text))
 }
 
 impl PromoteArgs {
@@ -110,8 +133,67 @@ impl PromoteArgs {
     }
 }
 
+/// The last non-empty line of a training log (the error `kiln train` ended with).
+fn last_line(path: &std::path::Path) -> Option<String> {
+    let text = std::fs::read(path).ok()?;
+    String::from_utf8_lossy(&text)
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
+}
+
+/// A failed `--train-exit CODE`: record the failed night, then exit with its code.
+fn record_train_failure(a: &PromoteArgs, code: u8) -> CliResult {
+    let registry = match (&a.registry, &a.config) {
+        (Some(r), _) => r.clone(),
+        (None, Some(c)) => kiln::config::load(c)
+            .map_err(CliError::input)?
+            .config
+            .registry_path(),
+        (None, None) => {
+            return Err(CliError::input(anyhow::anyhow!(
+                "--train-exit {code}: recording the failed night needs the registry: pass --registry or --config"
+            )));
+        }
+    };
+    let reason = a
+        .train_log
+        .as_deref()
+        .and_then(last_line)
+        .unwrap_or_else(|| format!("kiln train exited with {code}"));
+    let reg = kiln::track::registry::Registry::open(&registry)?;
+    let failure = NightFailure {
+        repository: a.repository.clone(),
+        model: a.model.clone(),
+        candidate: None,
+        run_id: None,
+        step: "train".into(),
+        exit_code: code,
+        reason: reason.trim().to_string(),
+    };
+    let id = record_failure(&reg, &failure).map_err(CliError::input)?;
+    Err(CliError {
+        code,
+        error: anyhow::anyhow!(
+            "night failed in kiln train (exit {code}), recorded as promotion {id} of {}: {}",
+            a.model,
+            failure.reason
+        ),
+    })
+}
+
 /// Run the gate and print the decision.
 pub fn run(a: &PromoteArgs) -> CliResult {
+    if a.train_exit != 0 {
+        return record_train_failure(a, a.train_exit);
+    }
+    if a.candidate_path().as_os_str().is_empty() {
+        return Err(CliError::input(anyhow::anyhow!(
+            "--checkpoint is empty (did the training step fail? pass its exit code with --train-exit)"
+        )));
+    }
     let opts = PromoteOptions {
         config: a.config.clone(),
         engine: a.engine,
@@ -144,6 +226,9 @@ pub fn run(a: &PromoteArgs) -> CliResult {
             "{}",
             serde_json::to_string_pretty(&p).expect("promotion serialises")
         );
+    } else if a.quiet {
+        let report = p.report();
+        println!("{}", report.lines().last().unwrap_or_default());
     } else {
         print!("{}", p.report());
     }

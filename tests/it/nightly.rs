@@ -378,6 +378,41 @@ fn night(image: &Path, script: &str, registry: &Path) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
+/// Append a categorical column `tier` to the table at `path`: `low`/`mid`/`high` by the
+/// previous season's plate appearances, and from season 2013 on a new category, `star`, for
+/// the busiest (a category that appears mid-series: it enters the training window of the
+/// night whose test season is 2016, so that night's candidate has one more network input
+/// than the served version).
+fn with_tier(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = String::new();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let cols: Vec<&str> = header.split(',').collect();
+    let (si, pi) = (
+        cols.iter().position(|c| *c == "season").unwrap(),
+        cols.iter().position(|c| *c == "pa_l1").unwrap(),
+    );
+    out.push_str(header);
+    out.push_str(",tier\n");
+    for line in lines {
+        let c: Vec<&str> = line.split(',').collect();
+        let season: i64 = c[si].parse().unwrap();
+        let pa: f64 = c[pi].parse().unwrap_or(0.0);
+        let tier = match pa {
+            p if season >= 2013 && p >= 650.0 => "star",
+            p if p >= 450.0 => "high",
+            p if p >= 250.0 => "mid",
+            _ => "low",
+        };
+        out.push_str(line);
+        out.push(',');
+        out.push_str(tier);
+        out.push('\n');
+    }
+    std::fs::write(path, out).unwrap();
+}
+
 /// The baseball table cut at `last`, its targets shuffled among the rows before `clean_from`
 /// (a broken upstream job: the training rows' labels no longer belong to their features).
 fn corrupted(last: i64, clean_from: i64, path: &Path) {
@@ -411,11 +446,13 @@ fn corrupted(last: i64, clean_from: i64, path: &Path) {
     std::fs::write(path, out).unwrap();
 }
 
-/// The drill: five nights of the shipped CronJob's exact script, one unchanged config
-/// (`configs/nightly.yaml`), a `kiln serve` polling the repository. Growing data is promoted;
-/// a night without new data is nothing to do (exit 0); a night whose training labels were
-/// corrupted is refused (exit 3) and the server stays on the last good version; the next good
-/// night is promoted and served. Each decision is read back from the registry.
+/// The drill: six nights of the shipped CronJob's exact script, one unchanged config
+/// (`configs/nightly.yaml` with a categorical feature), a `kiln serve` polling the repository.
+/// Growing data is promoted; a night without new data is nothing to do (exit 0); a night whose
+/// training labels were corrupted is refused (exit 3) and the server stays on the last good
+/// version; a corrupt file fails training (exit 2) and is on record; the next good night —
+/// whose candidate has a new category's input — is promoted and served; a candidate 3 % worse
+/// is refused. Each decision is read back from the registry.
 #[test]
 fn the_nightly_drill_promotes_growing_data_and_refuses_a_corrupted_night() {
     use kiln::loadgen::client::BlockingClient;
@@ -427,11 +464,21 @@ fn the_nightly_drill_promotes_growing_data_and_refuses_a_corrupted_night() {
     let image = tmp.path().join("image");
     std::fs::create_dir_all(image.join("configs")).unwrap();
     std::fs::create_dir_all(image.join("datasets")).unwrap();
-    std::fs::copy(
-        root().join("configs/nightly.yaml"),
-        image.join("configs/nightly.yaml"),
-    )
-    .unwrap();
+    // The shipped config plus one categorical feature (`tier`, see `with_tier`), unchanged
+    // from night to night.
+    let config = std::fs::read_to_string(root().join("configs/nightly.yaml")).unwrap();
+    assert_eq!(config.matches("    - sb_rate_l2\n").count(), 1);
+    let config = config
+        .replace("    - sb_rate_l2\n", "    - sb_rate_l2\n    - tier\n")
+        .replace(
+            "  season_column: season\n",
+            "  season_column: season\n  categorical: [tier]\n",
+        );
+    std::fs::write(image.join("configs/nightly.yaml"), config).unwrap();
+    let seasons_through = |last: i64, path: &Path| {
+        seasons_through(last, path);
+        with_tier(path);
+    };
     let (work, models) = (tmp.path().join("work"), tmp.path().join("models"));
     let registry = tmp.path().join("registry.db");
     let script = cronjob_script(&work, &models);
@@ -544,10 +591,41 @@ fn the_nightly_drill_promotes_growing_data_and_refuses_a_corrupted_night() {
 
     // Night 4: a new season, but the older rows' labels were scrambled upstream: refused.
     corrupted(2016, 2016, &data);
+    with_tier(&data);
     assert_eq!(night(&image, &script, &registry), 3);
     assert_eq!(decisions().last().unwrap(), &("refused".to_string(), None));
 
-    // Night 5: the same season, clean: promoted as version 3 and served.
+    // Night 5: the file arrives corrupt (a row with a text in a numeric column): training
+    // refuses it (exit 2), the script stops there — no comparison — and the night is on
+    // record as failed, with its exit code and the training error's line.
+    seasons_through(2016, &data);
+    let mut text = std::fs::read_to_string(&data).unwrap();
+    let bad = text.lines().nth(7).unwrap().replacen(",", ",oops", 1);
+    text.push_str(&bad);
+    text.push('\n');
+    std::fs::write(&data, text).unwrap();
+    assert_eq!(night(&image, &script, &registry), 2);
+    let reg = kiln::track::registry::Registry::open(&registry).unwrap();
+    let last = reg.promotions(Some("baseball")).unwrap().pop().unwrap();
+    assert_eq!(last.decision, "failed");
+    assert_eq!(
+        (last.details.step.as_deref(), last.details.exit_code),
+        (Some("train"), Some(2))
+    );
+    assert!(
+        last.details
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("baseball.csv")),
+        "{:?}",
+        last.details.reason
+    );
+    assert_eq!(last.incumbent_version, Some(2));
+
+    // Night 6: the season, clean. A new category (`tier=star`, from 2013) has entered the
+    // training window: the candidate has one more network input than version 2. Compared on
+    // raw columns (the new category is version 2's unknown bucket): promoted as version 3,
+    // and served.
     seasons_through(2016, &data);
     assert_eq!(night(&image, &script, &registry), 0);
     assert_eq!(
@@ -555,6 +633,69 @@ fn the_nightly_drill_promotes_growing_data_and_refuses_a_corrupted_night() {
         &("promoted".to_string(), Some(3))
     );
     served(3, &mut log);
+    let inputs = |v: u64| {
+        kiln::artifact::read_manifest(&models.join("baseball").join(v.to_string()))
+            .unwrap()
+            .feature_names()
+    };
+    assert!(
+        inputs(3).iter().any(|f| f == "tier=star"),
+        "{:?}",
+        inputs(3)
+    );
+    assert!(!inputs(2).iter().any(|f| f == "tier=star"));
+
+    // A candidate 3 % worse than version 3 on every row of tonight's window is refused by the
+    // default gate (a 2 % margin beyond noise).
+    {
+        use kiln::track::promote::{Gates, Outcome, decide};
+        let v3 = kiln::artifact::Checkpoint::load(&models.join("baseball/3")).unwrap();
+        let cfg = kiln::config::load(&image.join("configs/nightly.yaml")).unwrap();
+        let mut data_cfg = cfg.config.data.clone();
+        data_cfg.path = data.clone();
+        let (d, table) = kiln::data::Dataset::load_with_table(&data_cfg).unwrap();
+        let x = kiln::track::promote::raw_inputs(
+            &v3.manifest.input_preprocessing(),
+            &table,
+            &d.test.source_rows,
+            "version 3",
+        )
+        .unwrap();
+        let mut p = kiln::predict::Predictor::for_checkpoint(
+            &v3,
+            kiln::infer::build_engine(kiln::records::EngineKind::Fused, &v3.weights, 1).unwrap(),
+        );
+        let (q, rows) =
+            kiln::track::promote::quality_and_rows_on(&mut p, &d.targets, &x, &d.test.y).unwrap();
+        let served_m = kiln::track::promote::Measurement {
+            quality: q.clone(),
+            latency: vec![kiln::track::promote::BatchP50 {
+                batch: 1,
+                p50_us: 10.0,
+                iters: 1,
+            }],
+            weights_sha256: "v3".into(),
+            rows: Some(rows.clone()),
+        };
+        let mut worse = served_m.clone();
+        worse.weights_sha256 = "worse".into();
+        for t in &mut worse.quality.targets {
+            t.mse *= 1.03;
+        }
+        let r = worse.rows.as_mut().unwrap();
+        r.sq.iter_mut().for_each(|v| *v *= 1.03);
+        let gates = Gates::default();
+        let dec = decide(&gates, &worse, Some(&served_m));
+        assert_eq!(dec.outcome, Outcome::Refused, "{:#?}", dec.checks);
+        let failed: Vec<&str> = dec
+            .checks
+            .iter()
+            .filter(|c| !c.passed)
+            .map(|c| c.name.as_str())
+            .collect();
+        assert!(failed.iter().all(|n| n.starts_with("mse ")), "{failed:?}");
+        assert_eq!(failed.len(), 3, "every target 3 % worse: {failed:?}");
+    }
 
     let words: Vec<String> = decisions().into_iter().map(|d| d.0).collect();
     assert_eq!(
@@ -564,8 +705,32 @@ fn the_nightly_drill_promotes_growing_data_and_refuses_a_corrupted_night() {
             "promoted",
             "nothing_to_do",
             "refused",
+            "failed",
             "promoted"
         ]
+    );
+    // `kiln runs promotions`: one line per night, with its exit code; nothing to do is not
+    // a failure.
+    let o = kiln_in(
+        &root(),
+        &[
+            "runs",
+            "--registry",
+            registry.to_str().unwrap(),
+            "promotions",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(lines.len(), 6, "{out}");
+    assert!(
+        lines[2].contains("exit 4") && !lines[2].contains("FAIL"),
+        "{out}"
+    );
+    assert!(lines[3].contains("exit 3"), "{out}");
+    assert!(
+        lines[4].contains("failed") && lines[4].contains("exit 2 · train failed"),
+        "{out}"
     );
     // Each go-live line names the run the version came from.
     let live: Vec<&String> = log.iter().filter(|l| l.contains("version live")).collect();

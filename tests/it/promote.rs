@@ -188,7 +188,11 @@ fn the_uncertainty_gate_refuses_worse_crps_or_calibration_only_when_asked() {
 
 #[test]
 fn the_gate_rule_on_injected_numbers() {
-    let g = Gates::default();
+    // The rule at a 10 % MSE margin (the default margin is 2 %: checked at the end).
+    let g = Gates {
+        max_mse_increase: 0.10,
+        ..Gates::default()
+    };
     let served = m(&[1.0, 2.0], 0.50, 10.0, 100.0, "a");
     // Better everywhere: promoted.
     let d = decide(&g, &m(&[0.9, 1.9], 0.45, 9.0, 90.0, "b"), Some(&served));
@@ -245,6 +249,19 @@ fn the_gate_rule_on_injected_numbers() {
     assert_eq!(d.checks.len(), 2);
     let d = decide(&g, &m(&[f64::NAN], 9.0, 1.0, 1.0, "b"), None);
     assert_eq!(failed(&d), ["finite test metrics"]);
+    // The default margin: 2 % of a target's MSE (point estimates here: no per-row losses).
+    let d = decide(
+        &Gates::default(),
+        &m(&[1.03, 2.0], 0.5, 10.0, 100.0, "b"),
+        Some(&served),
+    );
+    assert_eq!(failed(&d), ["mse t0"]);
+    let d = decide(
+        &Gates::default(),
+        &m(&[1.019, 2.0], 0.5, 10.0, 100.0, "b"),
+        Some(&served),
+    );
+    assert!(d.promoted, "{d:?}");
     // Fractions as the flags take them.
     assert_eq!(parse_fraction("5%"), Ok(0.05));
     assert_eq!(parse_fraction("0.05"), Ok(0.05));
@@ -630,4 +647,78 @@ fn an_installing_row_whose_version_is_in_place_is_settled_as_promoted() {
     );
     assert!(live.exists());
     assert_eq!(listing(&model_dir), [1]);
+}
+
+/// Models are compared on raw columns: a category only the candidate knows is fine (the
+/// served version's unknown bucket), a column the served version reads that the data lacks,
+/// or one that changed between numeric and categorical, is one short line naming it.
+#[test]
+fn models_are_compared_on_raw_columns() {
+    use kiln::data::preprocess::{InputColumn, Preprocessing};
+    use kiln::data::table::CsvTable;
+    use kiln::track::promote::{PromoteError, compatible_on_raw_columns, raw_inputs};
+    let base = Checkpoint::load(trained()).unwrap().manifest;
+    let with = |inputs: Vec<InputColumn>| {
+        let mut m = base.clone();
+        m.preprocessing = Some(Preprocessing {
+            inputs,
+            ..Preprocessing::default()
+        });
+        m
+    };
+    let cat = |name: &str, cats: &[&str]| InputColumn {
+        categories: Some(cats.iter().map(|c| c.to_string()).collect()),
+        missing_to_unknown: true,
+        ..InputColumn::numeric(name)
+    };
+    let table =
+        CsvTable::from_bytes(b"age,dest,y\n30,LEX,1\n31,BOS,2\n", Path::new("night.csv")).unwrap();
+    let served = with(vec![InputColumn::numeric("age"), cat("dest", &["BOS"])]);
+    let cand = with(vec![
+        InputColumn::numeric("age"),
+        cat("dest", &["BOS", "LEX"]),
+    ]);
+    // One more category: comparable; LEX is the served version's unknown bucket.
+    compatible_on_raw_columns(3, &served, &cand, &table).unwrap();
+    let x = raw_inputs(
+        &served.input_preprocessing(),
+        &table,
+        &[0, 1],
+        "served version 3",
+    )
+    .unwrap();
+    assert_eq!(x, [30.0, 0.0, 31.0, 1.0]);
+    let x = raw_inputs(
+        &cand.input_preprocessing(),
+        &table,
+        &[0, 1],
+        "the candidate",
+    )
+    .unwrap();
+    assert_eq!(x, [30.0, 0.0, 1.0, 31.0, 1.0, 0.0]);
+    // A column gone: one line naming it.
+    let gone = with(vec![InputColumn::numeric("age"), cat("origin", &["BOS"])]);
+    let e = compatible_on_raw_columns(3, &gone, &cand, &table).unwrap_err();
+    assert!(matches!(e, PromoteError::Incompatible(_)) && e.is_input());
+    let m = e.to_string();
+    assert!(
+        m.contains("column `origin` is gone") && m.contains("served version 3"),
+        "{m}"
+    );
+    assert!(!m.contains('\n') && m.len() < 160, "{m}");
+    // A type change: one line naming the column and both kinds.
+    let retyped = with(vec![
+        InputColumn::numeric("age"),
+        InputColumn::numeric("dest"),
+    ]);
+    let m = compatible_on_raw_columns(3, &served, &retyped, &table)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        m.contains("column `dest` changed type")
+            && m.contains("categorical")
+            && m.contains("numeric"),
+        "{m}"
+    );
+    assert!(!m.contains('\n') && m.len() < 160, "{m}");
 }

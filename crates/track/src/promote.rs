@@ -439,7 +439,18 @@ pub fn quality_and_rows(
     targets: &[String],
     split: &Subset,
 ) -> Result<(Quality, RowLosses), InferError> {
-    let rows = split.rows();
+    quality_and_rows_on(predictor, targets, &split.x, &split.y)
+}
+
+/// Test metrics and per-row losses of `predictor` on network inputs `x` (rows × its
+/// features) and targets `y` (rows × targets, original units).
+pub fn quality_and_rows_on(
+    predictor: &mut Predictor,
+    targets: &[String],
+    x: &[f32],
+    y: &[f32],
+) -> Result<(Quality, RowLosses), InferError> {
+    let rows = y.len() / targets.len().max(1);
     let mut per_row = RowLosses {
         sq: Vec::with_capacity(rows * targets.len()),
         nll: vec![0.0; rows],
@@ -458,10 +469,10 @@ pub fn quality_and_rows(
     const CHUNK: usize = 1024;
     for start in (0..rows).step_by(CHUNK) {
         let end = (start + CHUNK).min(rows);
-        predictor.predict_into(&split.x[start * nf..end * nf], end - start, &mut out)?;
+        predictor.predict_into(&x[start * nf..end * nf], end - start, &mut out)?;
         for (i, (&m, &s)) in out.mean.iter().zip(&out.std).enumerate() {
             let j = i % k;
-            let y = split.y[start * k + i] as f64;
+            let y = y[start * k + i] as f64;
             let (m, s) = (m as f64, s as f64);
             let (se, nll) = (
                 (y - m).powi(2),
@@ -499,12 +510,14 @@ pub fn quality_and_rows(
     Ok((q, per_row))
 }
 
-/// Median latencies of two predictors measured side by side: at each batch size both see the
-/// same seeded inputs, are warmed up, then timed in `rounds` alternating rounds (the order
-/// flips every round) of about `budget / rounds` each, so both share the machine's state.
+/// Median latencies of two predictors measured side by side: at each batch size each sees
+/// seeded inputs drawn from its own features' statistics (`features[i]` for predictor `i`: the
+/// two may have different inputs, e.g. one more category), both are warmed up, then timed in
+/// `rounds` alternating rounds (the order flips every round) of about `budget / rounds` each,
+/// so both share the machine's state.
 pub fn latency_side_by_side(
     predictors: &mut [&mut Predictor],
-    features: &[crate::data::ColumnStats],
+    features: &[&[crate::data::ColumnStats]],
     batches: &[usize],
     budget: Duration,
     rounds: usize,
@@ -517,18 +530,23 @@ pub fn latency_side_by_side(
         std: Vec::new(),
     };
     for &batch in batches {
-        let mut r = SplitMix64::derive(0x1a7e, &[batch as u64]);
-        let x: Vec<f32> = (0..batch)
-            .flat_map(|_| {
-                features
-                    .iter()
-                    .map(|f| (f.mean + f.std * r.normal()) as f32)
-                    .collect::<Vec<_>>()
+        let xs: Vec<Vec<f32>> = (0..predictors.len())
+            .map(|i| {
+                let stats = features.get(i).or(features.first()).copied().unwrap_or(&[]);
+                let mut r = SplitMix64::derive(0x1a7e, &[batch as u64]);
+                (0..batch)
+                    .flat_map(|_| {
+                        stats
+                            .iter()
+                            .map(|f| (f.mean + f.std * r.normal()) as f32)
+                            .collect::<Vec<_>>()
+                    })
+                    .collect()
             })
             .collect();
-        for p in predictors.iter_mut() {
+        for (p, x) in predictors.iter_mut().zip(&xs) {
             for _ in 0..20 {
-                p.predict_into(&x, batch, &mut pred)?;
+                p.predict_into(x, batch, &mut pred)?;
             }
         }
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); predictors.len()];
@@ -540,7 +558,7 @@ pub fn latency_side_by_side(
                 let mut calls = 0;
                 while calls < 5 || start.elapsed() < slice {
                     let t = Instant::now();
-                    predictors[i].predict_into(&x, batch, &mut pred)?;
+                    predictors[i].predict_into(&xs[i], batch, &mut pred)?;
                     times[i].push(t.elapsed().as_secs_f64() * 1e6);
                     calls += 1;
                     if calls >= 200_000 {
@@ -557,6 +575,103 @@ pub fn latency_side_by_side(
                 iters: t.len(),
             });
         }
+    }
+    Ok(out)
+}
+
+/// Whether the served version can be compared with the candidate on the raw columns of
+/// `table`: it reads every column it needs (a column gone is one short line naming it) and no
+/// column changed between numeric and categorical. Extra columns of the candidate, and
+/// categories either model never saw (the other's unknown bucket), are fine.
+pub fn compatible_on_raw_columns(
+    version: u64,
+    served: &crate::artifact::Manifest,
+    candidate: &crate::artifact::Manifest,
+    table: &crate::data::table::CsvTable,
+) -> Result<(), PromoteError> {
+    let (st, ct) = (served.target_names(), candidate.target_names());
+    if st != ct {
+        let differ: Vec<&String> = st
+            .iter()
+            .filter(|t| !ct.contains(t))
+            .chain(ct.iter().filter(|t| !st.contains(t)))
+            .collect();
+        return Err(PromoteError::Incompatible(format!(
+            "served version {version} and the candidate predict different targets (differing: {}): they cannot be compared",
+            differ
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let (sp, cp) = (
+        served.input_preprocessing(),
+        candidate.input_preprocessing(),
+    );
+    let kind = |c: &crate::data::preprocess::InputColumn| {
+        if c.categories.is_some() {
+            "categorical"
+        } else {
+            "numeric"
+        }
+    };
+    for c in &sp.inputs {
+        if !table.header.iter().any(|h| h == &c.name) {
+            return Err(PromoteError::Incompatible(format!(
+                "column `{}` is gone: served version {version} reads it, {} has no such column",
+                c.name,
+                table.path.display()
+            )));
+        }
+        if let Some(n) = cp.inputs.iter().find(|n| n.name == c.name)
+            && kind(n) != kind(c)
+        {
+            return Err(PromoteError::Incompatible(format!(
+                "column `{}` changed type: served version {version} reads it as {}, the candidate as {}",
+                c.name,
+                kind(c),
+                kind(n)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Network inputs of the rows `rows` of `table`, through `pre` (a model's own preprocessing).
+/// An error names the file, line and column, and whose preprocessing refused the cell.
+pub fn raw_inputs(
+    pre: &crate::data::preprocess::Preprocessing,
+    table: &crate::data::table::CsvTable,
+    rows: &[usize],
+    who: &str,
+) -> Result<Vec<f32>, PromoteError> {
+    let idx: Vec<usize> = pre
+        .inputs
+        .iter()
+        .map(|c| {
+            table.column_index(&c.name).map_err(|_| {
+                PromoteError::Incompatible(format!(
+                    "column `{}` is gone: {who} reads it, {} has no such column",
+                    c.name,
+                    table.path.display()
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::with_capacity(rows.len() * pre.n_features());
+    let mut cells: Vec<&str> = Vec::with_capacity(idx.len());
+    for &r in rows {
+        cells.clear();
+        cells.extend(idx.iter().map(|&i| table.rows[r][i].as_str()));
+        let line = table.lines.get(r).copied().unwrap_or(r as u64 + 2);
+        let locate = |col: &str, msg: String| {
+            PromoteError::Incompatible(format!(
+                "{}:{line}: column `{col}`: {msg} ({who}'s preprocessing)",
+                table.path.display()
+            ))
+        };
+        pre.push_row(&cells, &mut out, &locate)?;
     }
     Ok(out)
 }
@@ -858,10 +973,16 @@ impl Promotion {
             Some(v) => s.push_str(&format!("served version: {v}\n")),
             None => s.push_str("served version: none (first version)\n"),
         }
+        let nothing = self.decision.outcome == Outcome::NothingToDo;
         for c in &self.decision.checks {
             s.push_str(&format!(
                 "  {} {:<22} {}\n",
-                if c.passed { "ok  " } else { "FAIL" },
+                match (c.passed, nothing) {
+                    (true, _) => "ok  ",
+                    // Not a failure: the reason there is nothing to do.
+                    (false, true) => "same",
+                    (false, false) => "FAIL",
+                },
                 c.name,
                 c.detail
             ));
@@ -907,10 +1028,114 @@ fn check_model_name(name: &str) -> Result<(), PromoteError> {
     Ok(())
 }
 
+/// A night that failed before the gate decided, as `kiln runs promotions` lists it (a
+/// `failed` row): which step, its exit code and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NightFailure {
+    /// The model repository root.
+    pub repository: PathBuf,
+    /// The model.
+    pub model: String,
+    /// The candidate, when there was one (empty when training failed).
+    pub candidate: Option<PathBuf>,
+    /// The run, when known.
+    pub run_id: Option<String>,
+    /// The step that failed: `train` or `promote`.
+    pub step: String,
+    /// Its exit code (what the nightly script exits with).
+    pub exit_code: u8,
+    /// Why, in one line.
+    pub reason: String,
+}
+
+/// Record a failed night in the registry's `promotions` table; returns the row id.
+pub fn record_failure(registry: &Registry, f: &NightFailure) -> Result<i64, PromoteError> {
+    check_model_name(&f.model)?;
+    let me = std::process::id();
+    let row = PromotionRow {
+        id: 0,
+        at: util::rfc3339(util::unix_now()),
+        repository: f.repository.display().to_string(),
+        model: f.model.clone(),
+        candidate: f
+            .candidate
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        run_id: f.run_id.clone(),
+        incumbent_version: served_version(&f.repository.join(&f.model))
+            .ok()
+            .flatten()
+            .map(|(v, _)| v as i64),
+        version: None,
+        decision: PromotionDecision::Failed,
+        details: PromotionDetails {
+            step: Some(f.step.clone()),
+            exit_code: Some(f.exit_code),
+            reason: Some(f.reason.clone()),
+            pid: Some(me),
+            ..PromotionDetails::default()
+        },
+    };
+    Ok(registry.record_promotion(&row)?)
+}
+
+/// The registry a promotion records in: `--registry`, else the config's (`--config`, else the
+/// `config.yaml` beside the candidate's export). `None` when neither can be found.
+pub fn registry_for(opts: &PromoteOptions) -> Option<PathBuf> {
+    if let Some(r) = &opts.registry {
+        return Some(r.clone());
+    }
+    let config = opts.config.clone().or_else(|| {
+        resolve_dir(&opts.candidate)
+            .parent()
+            .map(|p| p.join("config.yaml"))
+            .filter(|p| p.is_file())
+    })?;
+    config::load(&config).ok().map(|l| l.config.registry_path())
+}
+
 /// Compare, decide, and (unless a dry run or refused) install the candidate; record the
-/// decision. A refusal is an `Ok` [`Promotion`] whose decision is not `promoted`.
+/// decision. A refusal is an `Ok` [`Promotion`] whose decision is not `promoted`. A promotion
+/// that fails before deciding (bad input: exit 2; a runtime error: exit 1) is recorded too,
+/// as a `failed` row with the error (not in a dry run; not when the registry itself failed).
 pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
     check_model_name(&opts.model)?;
+    let mut recorded = false;
+    let result = promote_and_record(opts, &mut recorded);
+    if let Err(e) = &result
+        && !opts.dry_run
+        && !recorded
+        && !matches!(e, PromoteError::Registry(_))
+    {
+        let failure = NightFailure {
+            repository: opts.repository.clone(),
+            model: opts.model.clone(),
+            candidate: Some(resolve_dir(&opts.candidate)),
+            run_id: None,
+            step: "promote".into(),
+            exit_code: if e.is_input() { 2 } else { 1 },
+            reason: e.to_string(),
+        };
+        match registry_for(opts).map(|p| Registry::open(&p)) {
+            Some(Ok(reg)) => {
+                if let Err(re) = record_failure(&reg, &failure) {
+                    tracing::warn!("the failed promotion could not be recorded: {re}");
+                }
+            }
+            Some(Err(re)) => tracing::warn!("the failed promotion could not be recorded: {re}"),
+            None => tracing::warn!(
+                "the failed promotion is not recorded: no registry (pass --registry or --config)"
+            ),
+        }
+    }
+    result
+}
+
+fn promote_and_record(
+    opts: &PromoteOptions,
+    recorded: &mut bool,
+) -> Result<Promotion, PromoteError> {
     if opts.keep == Some(0) {
         return Err(PromoteError::Invalid(
             "--keep 0 would remove every version; keep at least 1".into(),
@@ -969,7 +1194,8 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
             }
         }
     }
-    let data = Dataset::load(&data_cfg)?;
+    // One read: the rows tested, the hash checked and the group column all come from it.
+    let (data, table) = Dataset::load_with_table(&data_cfg)?;
     if opts.data.is_none() && data.sha256 != cand.manifest.dataset.sha256 {
         return Err(PromoteError::Invalid(format!(
             "{}: the data file changed since run {} trained on it (SHA-256 {} now, {} recorded): the gate would test on other rows than the run held out; retrain, or pass --data FILE to evaluate on a file explicitly",
@@ -982,7 +1208,6 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
     let groups = match &opts.group {
         None => None,
         Some(col) => {
-            let table = crate::data::table::CsvTable::read(&data_cfg.path)?;
             let idx = table.column_index(col)?;
             Some(
                 data.test
@@ -997,31 +1222,33 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
             )
         }
     };
-    let names = |m: &crate::artifact::Manifest| (m.feature_names(), m.target_names());
-    let (cf, ct) = names(&cand.manifest);
-    if cf != data.features || ct != data.targets {
+    let ct = cand.manifest.target_names();
+    if ct != data.targets {
         return Err(PromoteError::Incompatible(format!(
-            "the candidate's features {cf:?} and targets {ct:?} are not those of {}'s data ({:?}, {:?})",
+            "the candidate predicts {} but {} names the targets {}",
+            ct.join(", "),
             config_path.display(),
-            data.features,
-            data.targets
+            data.targets.join(", ")
         )));
     }
     let model_dir = opts.repository.join(&opts.model);
     let existing = versions(&model_dir)?;
     let served = served_version(&model_dir)?;
     if let Some((v, inc)) = &served {
-        let (f, t) = names(&inc.manifest);
-        if f != cf || t != ct {
-            return Err(PromoteError::Incompatible(format!(
-                "served version {v} of {} has features {f:?} and targets {t:?}, the candidate {cf:?} and {ct:?}: they cannot be compared on one test split",
-                opts.model
-            )));
-        }
+        compatible_on_raw_columns(*v, &inc.manifest, &cand.manifest, &table)?;
     }
+    // Each model reads the test rows' raw cells through its own preprocessing (imputation,
+    // one-hot codes): a category the served version never saw is its unknown bucket.
+    let cand_x = raw_inputs(
+        &cand.manifest.input_preprocessing(),
+        &table,
+        &data.test.source_rows,
+        "the candidate",
+    )?;
     let engine = opts.engine.unwrap_or_else(serving_engine);
     let mut cand_pred = Predictor::for_checkpoint(&cand, build_engine(engine, &cand.weights, 1)?);
-    let (cand_quality, mut cand_rows) = quality_and_rows(&mut cand_pred, &ct, &data.test)?;
+    let (cand_quality, mut cand_rows) =
+        quality_and_rows_on(&mut cand_pred, &ct, &cand_x, &data.test.y)?;
     cand_rows.groups = groups.clone();
     let mut inc_pred = match &served {
         Some((_, inc)) => Some(Predictor::for_checkpoint(
@@ -1030,26 +1257,30 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         )),
         None => None,
     };
-    let inc_quality = match inc_pred.as_mut() {
-        Some(p) => {
-            let (q, mut r) = quality_and_rows(p, &ct, &data.test)?;
+    let inc_quality = match (inc_pred.as_mut(), &served) {
+        (Some(p), Some((v, inc))) => {
+            let x = raw_inputs(
+                &inc.manifest.input_preprocessing(),
+                &table,
+                &data.test.source_rows,
+                &format!("served version {v}"),
+            )?;
+            let (q, mut r) = quality_and_rows_on(p, &ct, &x, &data.test.y)?;
             r.groups = groups;
             Some((q, r))
         }
-        None => None,
+        _ => None,
     };
     let mut preds: Vec<&mut Predictor> = vec![&mut cand_pred];
     if let Some(p) = inc_pred.as_mut() {
         preds.push(p);
     }
-    let mut lat = latency_side_by_side(
-        &mut preds,
-        &cand.manifest.features,
-        &opts.batches,
-        opts.latency_budget,
-        10,
-    )?
-    .into_iter();
+    let mut stats: Vec<&[crate::data::ColumnStats]> = vec![&cand.manifest.features];
+    if let Some((_, inc)) = &served {
+        stats.push(&inc.manifest.features);
+    }
+    let mut lat = latency_side_by_side(&mut preds, &stats, &opts.batches, opts.latency_budget, 10)?
+        .into_iter();
     let cand_m = Measurement {
         quality: cand_quality,
         latency: lat.next().unwrap_or_default(),
@@ -1121,6 +1352,7 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         decision: promotion.decision.outcome.into(),
         details: details(&promotion),
     };
+    *recorded = true;
     if !promotion.decision.promoted {
         promotion.registry_id = Some(registry.record_promotion(&row)?);
         return Ok(promotion);
@@ -1157,4 +1389,134 @@ pub fn promote(opts: &PromoteOptions) -> Result<Promotion, PromoteError> {
         &details(&promotion),
     )?;
     Ok(promotion)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A measurement of one target whose per-row squared errors are `sq` (NLL 0 per row, so
+    /// only the MSE check can refuse), with latency 10 µs.
+    fn measured(sq: Vec<f64>, sha: &str) -> Measurement {
+        let n = sq.len();
+        let mse = sq.iter().sum::<f64>() / n as f64;
+        Measurement {
+            quality: Quality {
+                rows: n,
+                targets: vec![TargetQuality {
+                    target: "y".into(),
+                    mse,
+                    nll: 0.0,
+                    crps: 0.0,
+                    calibration_error: 0.0,
+                }],
+                nll: 0.0,
+            },
+            latency: vec![BatchP50 {
+                batch: 1,
+                p50_us: 10.0,
+                iters: 100,
+            }],
+            weights_sha256: sha.into(),
+            rows: Some(RowLosses {
+                sq,
+                nll: vec![0.0; n],
+                groups: None,
+            }),
+        }
+    }
+
+    /// Squared residuals of a model on `n` rows: the irreducible noise `noise[i]` plus this
+    /// model's own error (a seed's: independent per row, `spread` its size).
+    fn residuals(noise: &[f64], rng: &mut SplitMix64, spread: f64) -> Vec<f64> {
+        noise
+            .iter()
+            .map(|e| (e + spread * rng.normal()).powi(2))
+            .collect()
+    }
+
+    fn mse_check(d: &Decision) -> &Check {
+        d.checks.iter().find(|c| c.name == "mse y").unwrap()
+    }
+
+    /// The default margin is 2 %: a candidate whose every row is 3 % worse than the served
+    /// version's (on a window large enough to tell, 4,000 rows) is refused as worse beyond
+    /// noise by more than the margin, even with row-level jitter.
+    #[test]
+    fn a_candidate_degraded_by_three_percent_is_refused() {
+        assert_eq!(Gates::default().max_mse_increase, 0.02);
+        let mut rng = SplitMix64::new(7);
+        let noise: Vec<f64> = (0..4000).map(|_| rng.normal()).collect();
+        let served = residuals(&noise, &mut rng, 0.3);
+        let worse: Vec<f64> = served
+            .iter()
+            .map(|v| v * 1.03 * (1.0 + 0.02 * rng.normal()))
+            .collect();
+        let d = decide(
+            &Gates::default(),
+            &measured(worse, "b"),
+            Some(&measured(served, "a")),
+        );
+        let c = mse_check(&d);
+        assert!(!c.passed && d.outcome == Outcome::Refused, "{d:?}");
+        assert!(c.detail.contains("— worse"), "{}", c.detail);
+        assert!(
+            c.detail.contains("+2.00 %"),
+            "the margin is stated: {}",
+            c.detail
+        );
+    }
+
+    /// An improvement of 5 % is called better, not "within noise", and promoted.
+    #[test]
+    fn an_improvement_is_called_better() {
+        let mut rng = SplitMix64::new(8);
+        let noise: Vec<f64> = (0..4000).map(|_| rng.normal()).collect();
+        let served = residuals(&noise, &mut rng, 0.3);
+        let better: Vec<f64> = served
+            .iter()
+            .map(|v| v * 0.95 * (1.0 + 0.02 * rng.normal()))
+            .collect();
+        let d = decide(
+            &Gates::default(),
+            &measured(better, "b"),
+            Some(&measured(served, "a")),
+        );
+        let c = mse_check(&d);
+        assert!(c.passed && d.promoted, "{d:?}");
+        assert!(c.detail.contains("— better"), "{}", c.detail);
+        assert!(!c.detail.contains("within noise"), "{}", c.detail);
+    }
+
+    /// Seed-only candidates: two models whose errors differ only by their own (seed) part on
+    /// 600 rows — exchangeable, so neither is better in expectation — compared 200 times at the
+    /// default gates. The one-sided 95 % rule with a 2 % margin refuses at most the stated
+    /// 5 % (binomial band: at most 18 of 200), and calls as few better.
+    #[test]
+    fn seed_only_candidates_pass_at_the_stated_rate() {
+        let mut rng = SplitMix64::new(9);
+        let (mut refused, mut better, trials) = (0, 0, 200);
+        for t in 0..trials {
+            let noise: Vec<f64> = (0..600).map(|_| rng.normal()).collect();
+            let a = residuals(&noise, &mut rng, 0.3);
+            let b = residuals(&noise, &mut rng, 0.3);
+            let gates = Gates {
+                resamples: 400,
+                ..Gates::default()
+            };
+            let d = decide(
+                &gates,
+                &measured(b, &format!("b{t}")),
+                Some(&measured(a, "a")),
+            );
+            let c = mse_check(&d);
+            refused += usize::from(!c.passed);
+            better += usize::from(c.detail.contains("— better"));
+        }
+        assert!(
+            refused <= 18,
+            "{refused} of {trials} seed-only candidates refused"
+        );
+        assert!(better <= 18, "{better} of {trials} called better");
+    }
 }

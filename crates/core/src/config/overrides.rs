@@ -17,6 +17,10 @@ pub fn load_with_overrides(path: &Path, set: &[String]) -> Result<LoadedConfig, 
     Ok(loaded)
 }
 
+/// Documented top-level keys a config may leave out, which `--set` may add
+/// (`--set refit=train+validation`, `--set calibration.method=…`).
+pub const OPTIONAL_TOP_LEVEL: [&str; 3] = ["refit", "calibration", "distill"];
+
 /// Apply `key.path=value` overrides (values are YAML scalars or flow collections, e.g.
 /// `loader.num_workers=2`, `model.hidden=[32,32]`, `stages[0].epochs=5`) and validate.
 /// Returns the effective config and its YAML text (what the run directory stores).
@@ -43,7 +47,7 @@ pub fn apply_overrides(
             )
         })?;
         let mut slot = &mut value;
-        for part in key.split('.') {
+        for (depth, part) in key.split('.').enumerate() {
             let (name, index) = match part.split_once('[') {
                 Some((n, rest)) => {
                     let i: usize = rest
@@ -57,6 +61,14 @@ pub fn apply_overrides(
             let obj = slot
                 .as_object_mut()
                 .ok_or_else(|| bad(key, format!("{name:?} is not inside a mapping")))?;
+            if !obj.contains_key(name) && depth == 0 && OPTIONAL_TOP_LEVEL.contains(&name) {
+                // A documented top-level key the file leaves out (absent from the serialised
+                // config): --set adds it; the schema below checks its value.
+                obj.insert(
+                    name.to_string(),
+                    serde_json::Value::Object(Default::default()),
+                );
+            }
             if !obj.contains_key(name) {
                 let known: Vec<&String> = obj.keys().collect();
                 return Err(bad(
@@ -86,4 +98,26 @@ pub fn apply_overrides(
     config.validate(path)?;
     let text = serde_saphyr::to_string(&config).expect("config serialises to YAML");
     Ok((config, text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--set` adds a documented top-level key the file leaves out, and still refuses an
+    /// unknown one by name.
+    #[test]
+    fn set_adds_a_documented_top_level_key() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/tiny.yaml");
+        let loaded = load(&path).unwrap();
+        assert!(loaded.config.refit.is_none());
+        let (c, text) =
+            apply_overrides(&loaded.config, &["refit=train+validation".into()], &path).unwrap();
+        assert!(!c.refit.is_none(), "{text}");
+        assert!(text.contains("refit"), "{text}");
+        let e = apply_overrides(&loaded.config, &["refitt=train+validation".into()], &path)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refitt"), "{e}");
+    }
 }

@@ -102,6 +102,13 @@ pub struct Dataset {
 impl Dataset {
     /// Read `cfg.path`, split it, select the configured columns and handle missing values.
     pub fn load(cfg: &DataConfig) -> Result<Self, DataError> {
+        Ok(Self::load_with_table(cfg)?.0)
+    }
+
+    /// [`Dataset::load`], also returning the table it was built from: rows, SHA-256 and any
+    /// other column (a group column, raw cells) come from one read of the file, so they
+    /// cannot disagree when the file is replaced meanwhile.
+    pub fn load_with_table(cfg: &DataConfig) -> Result<(Self, CsvTable), DataError> {
         let bytes = std::fs::read(&cfg.path).map_err(|source| DataError::Io {
             path: cfg.path.clone(),
             source,
@@ -113,7 +120,8 @@ impl Dataset {
             cfg.format,
             cfg.delimiter.map(|c| c as u8),
         )?;
-        Self::from_table(cfg, &table, sha256)
+        let data = Self::from_table(cfg, &table, sha256)?;
+        Ok((data, table))
     }
 
     /// Split and select columns of an already-read table.

@@ -247,7 +247,44 @@ pub fn list_table(rows: &[RunRow], promotions: &[PromotionRow]) -> String {
 
 /// A decision's quality checks and failures, as `kiln runs promotions` summarises them
 /// (`mse hr_rate -4.6% · nll +0.0130`, `FAIL latency b1`).
+///
+/// A night that is not a promotion says so without `FAIL`: a `failed` row its exit code, step
+/// and reason (`exit 2 · train failed: …`), a `nothing_to_do` row `exit 4 · nothing to do: …`;
+/// a refusal starts with `exit 3`.
 pub fn promotion_checks(p: &PromotionRow) -> String {
+    use crate::promotion::PromotionDecision as D;
+    let exit = p.decision.exit_code(&p.details).unwrap_or(1);
+    match p.decision {
+        D::Failed => {
+            let reason = p.details.reason.as_deref().unwrap_or("no reason recorded");
+            let first = reason.lines().next().unwrap_or_default();
+            let short: String = first.chars().take(160).collect();
+            let more = if short.len() < reason.len() {
+                "…"
+            } else {
+                ""
+            };
+            return format!(
+                "exit {exit} · {} failed: {short}{more}",
+                p.details.step.as_deref().unwrap_or("night")
+            );
+        }
+        D::NothingToDo => {
+            return format!(
+                "exit {exit} · nothing to do: the candidate's weights are the served version's"
+            );
+        }
+        _ => {}
+    }
+    let checks = quality_and_failed_checks(p);
+    if p.decision == D::Refused {
+        format!("exit {exit} · {checks}")
+    } else {
+        checks
+    }
+}
+
+fn quality_and_failed_checks(p: &PromotionRow) -> String {
     p.details
         .checks
         .iter()
