@@ -229,7 +229,15 @@ fn the_previous_releases_registry_reads_back_typed() {
     for p in &promotions {
         let d = &p.details;
         assert_eq!(d.engine, "auto");
-        assert_eq!(d.gates, kiln::track::promote::Gates::default());
+        // The release's gates as it recorded them (its default MSE margin was 10 %; today's
+        // default is 2 %, which must not rewrite what an old row says).
+        assert_eq!(
+            d.gates,
+            kiln::track::promote::Gates {
+                max_mse_increase: 0.10,
+                ..kiln::track::promote::Gates::default()
+            }
+        );
         assert!(d.checks.iter().all(|c| c.passed), "{:?}", d.checks);
         let cand = d.candidate.as_ref().expect("the candidate's numbers");
         assert_eq!(cand.quality.rows, 820);

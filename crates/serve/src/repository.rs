@@ -220,6 +220,8 @@ pub struct ReloadReport {
     pub error: Option<String>,
 }
 
+/// How the reason of a model whose load failed begins (see [`Repository::rejected`]).
+const LOAD_FAILED: &str = "load failed: ";
 /// The served models.
 pub struct Repository {
     config: RepositoryConfig,
@@ -384,7 +386,7 @@ impl Repository {
                 self.reasons
                     .lock()
                     .expect("repository lock")
-                    .insert(name.to_string(), format!("load failed: {e}"));
+                    .insert(name.to_string(), format!("{LOAD_FAILED}{e}"));
                 Err(RepoError::new(
                     RepoErrorKind::LoadFailed,
                     format!("failed to load model `{name}`: {e}"),
@@ -499,6 +501,31 @@ impl Repository {
             }
         }
         Ok(out)
+    }
+
+    /// The models that have nothing to serve because loading them failed (every version
+    /// rejected at load or warm-up), each with the reason. A model not tried yet, still
+    /// loading, or unloaded on request is not among them: waiting may still serve those.
+    pub fn rejected(&self) -> Vec<(String, String)> {
+        let reasons = self.reasons.lock().expect("repository lock").clone();
+        let mut out: Vec<(String, String)> = self
+            .names()
+            .into_iter()
+            .filter_map(|n| {
+                let slot = self.get(&n)?;
+                if slot.current().is_some() {
+                    return None;
+                }
+                slot.last_error().map(|e| (n, e))
+            })
+            .collect();
+        for (n, r) in reasons {
+            if r.starts_with(LOAD_FAILED) && self.get(&n).is_none() {
+                out.push((n, r));
+            }
+        }
+        out.sort();
+        out
     }
 
     /// The settings.

@@ -318,11 +318,9 @@ pub(crate) fn await_ready(
         }
         let rejected: Vec<String> = h
             .repository()
-            .index(false)
-            .unwrap_or_default()
+            .rejected()
             .into_iter()
-            .filter(|e| e.state == "UNAVAILABLE" && !e.reason.is_empty())
-            .map(|e| format!("model {}: {}", e.name, e.reason))
+            .map(|(name, reason)| format!("model {name}: {reason}"))
             .collect();
         if !rejected.is_empty() {
             return Err(ServeBenchError::Invalid(format!(
