@@ -333,7 +333,8 @@ pub(crate) fn await_ready(
                 "{what} did not become ready within 120 s"
             )));
         }
-        rt.block_on(tokio::time::sleep(Duration::from_millis(5)));
+        // The timer is made inside the runtime (`tokio::time::sleep` outside one panics).
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(5)).await });
     }
 }
 
