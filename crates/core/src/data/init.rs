@@ -97,19 +97,22 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
     let mut notes = Vec::new();
     for t in targets {
         let j = table.column_index(t)?;
-        if let Kind::NonFinite(i) = kind(&table, j) {
-            return Err(DataError::Other(format!(
-                "{}: target column `{t}` holds `{}` at {} (kiln trains on finite numbers only: fix or drop those rows)",
-                data.display(),
-                table.rows[i][j].trim(),
-                row_place(&table, i)
-            )));
-        }
-        if kind(&table, j) != Kind::Numeric {
-            return Err(DataError::Other(format!(
-                "{}: target column `{t}` is not numeric (kiln predicts numbers)",
-                data.display()
-            )));
+        match kind(&table, j) {
+            Kind::Numeric => {}
+            Kind::NonFinite(i) => {
+                return Err(DataError::Other(format!(
+                    "{}: target column `{t}` holds `{}` at {} (kiln trains on finite numbers only: fix or drop those rows)",
+                    data.display(),
+                    table.rows[i][j].trim(),
+                    row_place(&table, i)
+                )));
+            }
+            _ => {
+                return Err(DataError::Other(format!(
+                    "{}: target column `{t}` is not numeric (kiln predicts numbers)",
+                    data.display()
+                )));
+            }
         }
     }
     let mut features = Vec::new();
