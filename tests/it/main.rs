@@ -16,6 +16,7 @@ mod faults_train;
 mod finite;
 mod gpu;
 mod grpc;
+mod hostile;
 mod import;
 mod mlflow_real;
 mod monitor;

@@ -155,7 +155,8 @@ pub fn read_legs(
     let x = if inline { pre.matrix(&t)? } else { Vec::new() };
     let mut legs = Vec::new();
     let mut rows = BTreeMap::new();
-    for (i, (row, &line)) in t.rows.iter().zip(&t.lines).enumerate() {
+    for (i, &line) in t.lines.iter().enumerate() {
+        let row: Vec<_> = (0..t.header.len()).map(|j| t.cell(i, j)).collect();
         let bad = |message: String| PickError::Leg {
             path: path.to_path_buf(),
             line,
@@ -179,12 +180,14 @@ pub fn read_legs(
         } else {
             key_idx
                 .iter()
-                .map(|&j| row[j].as_str())
+                .map(|&j| &*row[j])
                 .collect::<Vec<_>>()
                 .join(":")
         };
         legs.push(LegSpec {
-            pick: pi.map(|p| row[p].clone()).unwrap_or_else(|| "pick".into()),
+            pick: pi
+                .map(|p| row[p].to_string())
+                .unwrap_or_else(|| "pick".into()),
             row: key,
             target,
             line: value,
@@ -220,16 +223,15 @@ pub fn read_rows(
         .map(|f| t.column_index(&f.name))
         .collect::<Result<_, _>>()?;
     let mut rows = BTreeMap::new();
-    let mut cells = Vec::with_capacity(f_idx.len());
-    for (row, &line) in t.rows.iter().zip(&t.lines) {
+    for (i, &line) in t.lines.iter().enumerate() {
+        let row: Vec<_> = (0..t.header.len()).map(|j| t.cell(i, j)).collect();
         let k = key_idx
             .iter()
-            .map(|&j| row[j].as_str())
+            .map(|&j| &*row[j])
             .collect::<Vec<_>>()
             .join(":");
         if wanted.iter().any(|w| **w == k) {
-            cells.clear();
-            cells.extend(f_idx.iter().map(|&j| row[j].as_str()));
+            let cells: Vec<&str> = f_idx.iter().map(|&j| &*row[j]).collect();
             let mut v = Vec::with_capacity(pre.n_features());
             if pre.is_plain() {
                 for (cell, f) in cells.iter().zip(&pre.inputs) {

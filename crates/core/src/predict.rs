@@ -64,7 +64,7 @@ pub fn predict_csv(
     let passthrough: Vec<usize> = (0..table.header.len())
         .filter(|&i| !inputs.contains(&table.header[i]))
         .collect();
-    let rows = table.rows.len();
+    let rows = table.n_rows();
     let k = targets.len();
     let mut text = String::new();
     let mut header: Vec<String> = passthrough
@@ -110,7 +110,7 @@ pub fn predict_csv(
                     text.push(',');
                 }
                 first = false;
-                text.push_str(&csv_field(&table.rows[r][i]));
+                text.push_str(&csv_field(&table.cell(r, i)));
             }
             for j in 0..k {
                 let o = (r - start) * k + j;
@@ -185,7 +185,7 @@ pub fn max_delta_vs_fused(
 ) -> Result<(f32, f32, usize), PredictError> {
     let table = CsvTable::read(input)?;
     let x = table.numeric_matrix(&ckpt.manifest.feature_names())?;
-    let rows = table.rows.len();
+    let rows = table.n_rows();
     let mut q =
         Predictor::for_checkpoint(ckpt, crate::infer::build_engine(engine, &ckpt.weights, 1)?);
     let mut f = Predictor::for_checkpoint(

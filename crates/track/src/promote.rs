@@ -660,10 +660,11 @@ pub fn raw_inputs(
         })
         .collect::<Result<_, _>>()?;
     let mut out = Vec::with_capacity(rows.len() * pre.n_features());
-    let mut cells: Vec<&str> = Vec::with_capacity(idx.len());
+    let mut owned = Vec::with_capacity(idx.len());
     for &r in rows {
-        cells.clear();
-        cells.extend(idx.iter().map(|&i| table.rows[r][i].as_str()));
+        owned.clear();
+        owned.extend(idx.iter().map(|&i| table.cell(r, i)));
+        let cells: Vec<&str> = owned.iter().map(|c| &**c).collect();
         let line = table.lines.get(r).copied().unwrap_or(r as u64 + 2);
         let locate = |col: &str, msg: String| {
             PromoteError::Incompatible(format!(
@@ -1215,7 +1216,7 @@ fn promote_and_record(
                     .iter()
                     .map(|&r| {
                         let mut h = std::collections::hash_map::DefaultHasher::new();
-                        std::hash::Hash::hash(&table.rows[r][idx], &mut h);
+                        std::hash::Hash::hash(&*table.cell(r, idx), &mut h);
                         std::hash::Hasher::finish(&h)
                     })
                     .collect::<Vec<u64>>(),

@@ -107,18 +107,19 @@ pub fn derive(source: &Path, spec: BaseballSpec) -> Result<(String, usize), Data
     let pid = people.column_index("playerID")?;
     let by = people.column_index("birthYear")?;
     let bm = people.column_index("birthMonth")?;
-    let mut birth: HashMap<&str, (i64, i64)> = HashMap::new();
-    for (row, &line) in people.rows.iter().zip(&people.lines) {
-        if row[by].is_empty() {
+    let mut birth: HashMap<String, (i64, i64)> = HashMap::new();
+    for (r, &line) in people.lines.iter().enumerate() {
+        let row = |j: usize| people.cell(r, j);
+        if row(by).is_empty() {
             continue; // unknown birth year: the player's rows are skipped below
         }
-        let year = people.parse_cell(&row[by], line, "birthYear")? as i64;
-        let month = if row[bm].is_empty() {
+        let year = people.parse_cell(&row(by), line, "birthYear")? as i64;
+        let month = if row(bm).is_empty() {
             1
         } else {
-            people.parse_cell(&row[bm], line, "birthMonth")? as i64
+            people.parse_cell(&row(bm), line, "birthMonth")? as i64
         };
-        birth.insert(row[pid].as_str(), (year, month));
+        birth.insert(row(pid).into_owned(), (year, month));
     }
 
     // Season totals per player, and each player's first season.
@@ -128,19 +129,21 @@ pub fn derive(source: &Path, spec: BaseballSpec) -> Result<(String, usize), Data
         "AB", "H", "2B", "3B", "HR", "BB", "SO", "HBP", "SH", "SF", "SB",
     ];
     let idx: Vec<usize> = counted.iter().map(|c| col(c)).collect::<Result<_, _>>()?;
-    let mut seasons: BTreeMap<(&str, i64), Season> = BTreeMap::new();
-    let mut first: HashMap<&str, i64> = HashMap::new();
-    for (row, &line) in batting.rows.iter().zip(&batting.lines) {
-        let player = row[c_player].as_str();
-        let year = batting.parse_cell(&row[c_year], line, "yearID")? as i64;
+    let mut seasons: BTreeMap<(String, i64), Season> = BTreeMap::new();
+    let mut first: HashMap<String, i64> = HashMap::new();
+    for (r, &line) in batting.lines.iter().enumerate() {
+        let row = |j: usize| batting.cell(r, j);
+        let player = row(c_player).into_owned();
+        let year = batting.parse_cell(&row(c_year), line, "yearID")? as i64;
         let mut v = [0.0f64; 11];
         for (k, (&i, name)) in idx.iter().zip(counted).enumerate() {
             // Empty cells mean "not recorded" (old seasons); they count as zero.
-            if !row[i].is_empty() {
-                v[k] = batting.parse_cell(&row[i], line, name)?;
+            let cell = row(i);
+            if !cell.is_empty() {
+                v[k] = batting.parse_cell(&cell, line, name)?;
             }
         }
-        let s = seasons.entry((player, year)).or_default();
+        let s = seasons.entry((player.clone(), year)).or_default();
         s.ab += v[0];
         s.h += v[1];
         s.double += v[2];
@@ -160,12 +163,15 @@ pub fn derive(source: &Path, spec: BaseballSpec) -> Result<(String, usize), Data
 
     let min_pa = spec.min_pa as f64;
     let mut out_rows: Vec<(i64, &str, String)> = Vec::new();
-    for (&(player, t), cur) in &seasons {
+    for ((player, t), cur) in &seasons {
+        let (player, t) = (player.as_str(), *t);
         if t < spec.first_season || cur.pa() < min_pa {
             continue;
         }
-        let (Some(l1), Some(l2)) = (seasons.get(&(player, t - 1)), seasons.get(&(player, t - 2)))
-        else {
+        let (Some(l1), Some(l2)) = (
+            seasons.get(&(player.to_string(), t - 1)),
+            seasons.get(&(player.to_string(), t - 2)),
+        ) else {
             continue;
         };
         if l1.pa() < min_pa || l2.pa() < min_pa {

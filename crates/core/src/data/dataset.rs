@@ -109,17 +109,8 @@ impl Dataset {
     /// other column (a group column, raw cells) come from one read of the file, so they
     /// cannot disagree when the file is replaced meanwhile.
     pub fn load_with_table(cfg: &DataConfig) -> Result<(Self, CsvTable), DataError> {
-        let bytes = std::fs::read(&cfg.path).map_err(|source| DataError::Io {
-            path: cfg.path.clone(),
-            source,
-        })?;
-        let sha256 = sha256_hex(&bytes);
-        let table = CsvTable::from_file_bytes(
-            bytes,
-            &cfg.path,
-            cfg.format,
-            cfg.delimiter.map(|c| c as u8),
-        )?;
+        let (table, sha256) =
+            CsvTable::read_file(&cfg.path, cfg.format, cfg.delimiter.map(|c| c as u8))?;
         let data = Self::from_table(cfg, &table, sha256)?;
         Ok((data, table))
     }
@@ -130,7 +121,7 @@ impl Dataset {
         table: &CsvTable,
         sha256: String,
     ) -> Result<Self, DataError> {
-        if table.rows.is_empty() {
+        if table.n_rows() == 0 {
             return Err(DataError::Empty {
                 path: cfg.path.clone(),
             });
@@ -193,15 +184,14 @@ impl Dataset {
         // missing values handled by policy), in file order.
         let mut parts = [Subset::default(), Subset::default(), Subset::default()];
         let mut yrow = Vec::with_capacity(nt);
-        'rows: for (i, (row, &line)) in table.rows.iter().zip(&table.lines).enumerate() {
+        'rows: for (i, &line) in table.lines.iter().enumerate() {
             let Some(p) = assignment.part[i] else {
                 continue;
             };
             let p = p as usize;
             yrow.clear();
             for (&j, name) in t_idx.iter().zip(&cfg.targets) {
-                let cell = &row[j];
-                if is_missing(cell) {
+                if table.is_missing_at(i, j) {
                     *dropped
                         .entry(format!(
                             "missing target `{name}` ({})",
@@ -210,18 +200,18 @@ impl Dataset {
                         .or_default() += 1;
                     continue 'rows;
                 }
-                yrow.push(table.parse_cell_f32(cell, line, name)?);
+                yrow.push(table.f32_at(i, j, name)?);
             }
             let weight = match (w_idx, &cfg.weight) {
                 (Some(j), Some(name)) => {
-                    let cell = &row[j];
-                    if is_missing(cell) {
+                    let cell = table.cell(i, j);
+                    if is_missing(&cell) {
                         *dropped
                             .entry(format!("missing weight `{name}`"))
                             .or_default() += 1;
                         continue 'rows;
                     }
-                    let w = table.parse_cell_f32(cell, line, name)?;
+                    let w = table.parse_cell_f32(&cell, line, name)?;
                     if w < 0.0 {
                         return Err(DataError::Cell {
                             path: table.path.clone(),
@@ -242,8 +232,8 @@ impl Dataset {
                 .zip(&policies)
                 .zip(&categorical)
             {
-                let cell = &row[j];
-                if is_missing(cell) {
+                if table.is_missing_at(i, j) {
+                    let cell = table.cell(i, j);
                     match policy {
                         MissingPolicy::Error => {
                             return Err(DataError::Cell {
@@ -265,7 +255,7 @@ impl Dataset {
                     }
                 } else if !cat {
                     table
-                        .parse_cell_f32(cell, line, name)
+                        .f32_at(i, j, name)
                         .map_err(|e| categorical_hint(e, &cfg.categorical))?;
                 }
             }
@@ -321,13 +311,14 @@ impl Dataset {
                 parts[0]
                     .source_rows
                     .iter()
-                    .map(|&r| table.rows[r][j].as_str())
+                    .map(|&r| table.cell(r, j))
                     .filter(|c| !is_missing(c))
             };
             if cat {
-                let vocab: std::collections::BTreeSet<&str> = cells().map(str::trim).collect();
+                let vocab: std::collections::BTreeSet<String> =
+                    cells().map(|c| c.trim().to_string()).collect();
                 if vocab.len() > cfg.max_categories {
-                    let examples: Vec<&str> = vocab.iter().take(5).copied().collect();
+                    let examples: Vec<&str> = vocab.iter().take(5).map(String::as_str).collect();
                     return Err(DataError::Other(format!(
                         "{}: categorical column `{name}` has {} distinct values in the training split (e.g. {}), more than data.max_categories ({}); is it an identifier? Raise data.max_categories or leave the column out",
                         cfg.path.display(),
@@ -336,7 +327,7 @@ impl Dataset {
                         cfg.max_categories
                     )));
                 }
-                col.categories = Some(vocab.into_iter().map(str::to_string).collect());
+                col.categories = Some(vocab.into_iter().collect());
                 if let MissingPolicy::Impute { indicator, .. } = policy {
                     col.missing_to_unknown = true;
                     col.indicator = *indicator;
@@ -386,14 +377,14 @@ impl Dataset {
         let n_net = pre.n_features();
         let mut counts = EncodeCounts::default();
         let mut unknown = EncodeCounts::default();
-        let mut values = Vec::with_capacity(f_idx.len());
+        let mut cells = Vec::with_capacity(f_idx.len());
         for (k, part) in parts.iter_mut().enumerate() {
             let mut x = Vec::with_capacity(part.rows() * n_net);
             for &r in &part.source_rows {
-                let row = &table.rows[r];
                 let line = table.lines[r];
-                values.clear();
-                values.extend(f_idx.iter().map(|&j| RawValue::cell(&row[j])));
+                cells.clear();
+                cells.extend(f_idx.iter().map(|&j| table.cell(r, j)));
+                let values: Vec<RawValue> = cells.iter().map(|c| RawValue::cell(c)).collect();
                 let locate = |column: &str, message: String| DataError::Cell {
                     path: table.path.clone(),
                     line,
@@ -422,7 +413,9 @@ impl Dataset {
             .chain(t_idx.iter().zip(&cfg.targets))
             .chain(w_idx.iter().zip(&cfg.weight))
         {
-            let n = table.rows.iter().filter(|r| is_missing(&r[j])).count();
+            let n = (0..table.n_rows())
+                .filter(|&r| table.is_missing_at(r, j))
+                .count();
             if n > 0 {
                 missing_cells.insert(name.clone(), n);
             }

@@ -33,8 +33,8 @@ pub struct Starter {
 fn kind(table: &CsvTable, j: usize) -> Kind {
     let mut k = Kind::Empty;
     let mut non_finite = None;
-    for (i, r) in table.rows.iter().enumerate() {
-        let c = r[j].trim();
+    for (i, cell) in table.column_cells(j).enumerate() {
+        let c = cell.trim();
         if is_missing(c) {
             continue;
         }
@@ -89,7 +89,7 @@ fn yaml_name(n: &str) -> String {
 /// into the config as given.
 pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataError> {
     let table = CsvTable::read(data)?;
-    if table.rows.is_empty() {
+    if table.n_rows() == 0 {
         return Err(DataError::Empty {
             path: data.to_path_buf(),
         });
@@ -103,7 +103,7 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
                 return Err(DataError::Other(format!(
                     "{}: target column `{t}` holds `{}` at {} (kiln trains on finite numbers only: fix or drop those rows)",
                     data.display(),
-                    table.rows[i][j].trim(),
+                    table.cell(i, j).trim(),
                     row_place(&table, i)
                 )));
             }
@@ -126,7 +126,9 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         }
         match kind(&table, j) {
             Kind::Numeric => {
-                let n = table.rows.iter().filter(|r| is_missing(&r[j])).count();
+                let n = (0..table.n_rows())
+                    .filter(|&r| table.is_missing_at(r, j))
+                    .count();
                 if n > 0 {
                     holes.push(name.clone());
                 }
@@ -135,19 +137,20 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
             }
             Kind::NonFinite(i) => notes.push(format!(
                 "`{name}`: numbers, but `{}` at {} is not finite (kiln refuses non-finite values), not used",
-                table.rows[i][j].trim(),
+                table.cell(i, j).trim(),
                 row_place(&table, i)
             )),
             Kind::Date if date.is_none() => date = Some(name.clone()),
             Kind::Date => notes.push(format!("`{name}`: a second date column, not used")),
             Kind::Text => {
-                let values: std::collections::BTreeSet<&str> = table
-                    .rows
-                    .iter()
-                    .map(|r| r[j].trim())
+                let values: std::collections::BTreeSet<String> = table
+                    .column_cells(j)
+                    .map(|c| c.trim().to_string())
                     .filter(|c| !is_missing(c))
                     .collect();
-                let present = table.rows.iter().filter(|r| !is_missing(&r[j])).count();
+                let present = (0..table.n_rows())
+                    .filter(|&r| !table.is_missing_at(r, j))
+                    .count();
                 if values.len() > crate::config::DEFAULT_MAX_CATEGORIES {
                     notes.push(format!(
                         "`{name}`: text with {} distinct values (more than data.max_categories, {}), not used",
@@ -160,10 +163,10 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
                         values.len()
                     ));
                 } else {
-                    if present < table.rows.len() {
+                    if present < table.n_rows() {
                         holes.push(name.clone());
                     }
-                    missing += table.rows.len() - present;
+                    missing += table.n_rows() - present;
                     features.push(name.clone());
                     categorical.push(name.clone());
                     notes.push(format!(
@@ -272,10 +275,9 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
     match &date {
         Some(d) => {
             let j = table.column_index(d)?;
-            let distinct: std::collections::BTreeSet<&str> = table
-                .rows
-                .iter()
-                .map(|r| r[j].trim())
+            let distinct: std::collections::BTreeSet<String> = table
+                .column_cells(j)
+                .map(|c| c.trim().to_string())
                 .filter(|c| !is_missing(c))
                 .collect();
             let k = (distinct.len() / 10).max(1);
@@ -313,7 +315,7 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
     }
     // The training defaults live in config::defaults; the training split is about 70 % of
     // the rows whichever split was chosen above.
-    let train_rows = table.rows.len() * 7 / 10;
+    let train_rows = table.n_rows() * 7 / 10;
     y.push_str(&crate::config::defaults::TrainingDefaults::for_rows(train_rows).yaml());
     y.push_str("export:\n  dir: checkpoints\n");
     Ok(Starter { yaml: y, notes })

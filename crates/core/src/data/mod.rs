@@ -15,11 +15,22 @@ pub mod parquet {
     pub fn is_parquet(bytes: &[u8]) -> bool {
         bytes.len() >= 8 && bytes.starts_with(b"PAR1") && bytes.ends_with(b"PAR1")
     }
-    /// The header and rows of a Parquet file.
-    pub type Cells = (Vec<String>, Vec<Vec<String>>);
+    /// The header and columns of a Parquet file.
+    pub type Cells = (Vec<String>, Vec<super::table::Column>);
     /// Refuse: this build has no Parquet reader.
     pub fn read(_bytes: Vec<u8>) -> Result<Cells, String> {
         Err("this build of kiln-core has no Parquet reader (cargo feature `parquet`; the kiln binary has it)".into())
+    }
+    /// Refuse: this build has no Parquet reader.
+    pub fn read_with(bytes: Vec<u8>, _limits: &super::table::ReadLimits) -> Result<Cells, String> {
+        read(bytes)
+    }
+    /// Refuse: this build has no Parquet reader.
+    pub fn read_file(
+        _file: std::fs::File,
+        _limits: &super::table::ReadLimits,
+    ) -> Result<Cells, String> {
+        read(Vec::new())
     }
 }
 pub mod preprocess;

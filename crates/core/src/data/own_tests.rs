@@ -317,7 +317,7 @@ mod parquet_files {
         assert_eq!(t.lines, vec![1, 2, 3, 4, 5]);
         let col = |name: &str| {
             let j = t.column_index(name).unwrap();
-            t.rows.iter().map(|r| r[j].clone()).collect::<Vec<_>>()
+            t.column_cells(j).map(|c| c.into_owned()).collect::<Vec<_>>()
         };
         assert_eq!(col("season"), vec!["2000", "2000", "2001", "2002", "2003"]);
         assert_eq!(col("team"), vec!["NYA", "", "BOS", "NYA", "SEA"]);

@@ -20,6 +20,7 @@ use parquet::data_type::DataType;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnDescPtr;
 
+use super::table::{Column, ReadLimits, bytes_text};
 use crate::config::values::format_datetime;
 
 /// Whether `bytes` start like a Parquet file (`PAR1`).
@@ -27,12 +28,54 @@ pub fn is_parquet(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes.starts_with(b"PAR1") && bytes.ends_with(b"PAR1")
 }
 
-/// The header and rows of a Parquet file.
-pub type Cells = (Vec<String>, Vec<Vec<String>>);
+/// The header and columns of a Parquet file.
+pub type Cells = (Vec<String>, Vec<Column>);
 
 /// Read a whole Parquet file (its bytes) as text cells: the header (leaf column paths) and
-/// the rows; the error says what is wrong (the caller names the file).
+/// the rows; the error says what is wrong (the caller names the file). Within the default
+/// [`ReadLimits`].
 pub fn read(bytes: Vec<u8>) -> Result<Cells, String> {
+    read_with(bytes, &ReadLimits::default())
+}
+
+/// [`read`] within `limits`.
+pub fn read_with(bytes: Vec<u8>, limits: &ReadLimits) -> Result<Cells, String> {
+    read_from(bytes::Bytes::from(bytes), limits)
+}
+
+/// [`read`] of an open file, read in place (never loaded whole), within `limits`.
+pub fn read_file(file: std::fs::File, limits: &ReadLimits) -> Result<Cells, String> {
+    read_from(file, limits)
+}
+
+/// Read any Parquet source. Nothing is sized from the file's own claims (row counts, page
+/// sizes, dictionary sizes): values are read in bounded batches and every value is counted
+/// against the limits as it is kept, so a footer that lies ends in an error, not a huge
+/// allocation; a panic inside the Parquet decoder on a damaged file is an error too.
+fn read_from<R: parquet::file::reader::ChunkReader + 'static>(
+    source: R,
+    limits: &ReadLimits,
+) -> Result<Cells, String> {
+    let limits = *limits;
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        read_bounded(source, &limits)
+    })) {
+        Ok(r) => r,
+        Err(p) => {
+            let what = p
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| p.downcast_ref::<&str>().copied())
+                .unwrap_or("the decoder failed");
+            Err(format!("not a readable Parquet file: {what}"))
+        }
+    }
+}
+
+fn read_bounded<R: parquet::file::reader::ChunkReader + 'static>(
+    source: R,
+    limits: &ReadLimits,
+) -> Result<Cells, String> {
     let bad = |e: parquet::errors::ParquetError| {
         let e = e.to_string();
         let hint = if e.contains("Disabled feature") || e.contains("not supported") {
@@ -42,9 +85,16 @@ pub fn read(bytes: Vec<u8>) -> Result<Cells, String> {
         };
         format!("not a readable Parquet file: {e}{hint}")
     };
-    let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).map_err(bad)?;
+    let reader = SerializedFileReader::new(source).map_err(bad)?;
     let meta = reader.metadata();
     let schema = meta.file_metadata().schema_descr();
+    if schema.num_columns() > limits.max_columns {
+        return Err(format!(
+            "{} columns, past the {} limit (KILN_MAX_COLUMNS)",
+            schema.num_columns(),
+            limits.max_columns
+        ));
+    }
     let columns: Vec<ColumnDescPtr> = (0..schema.num_columns())
         .map(|i| schema.column(i))
         .collect();
@@ -57,45 +107,70 @@ pub fn read(bytes: Vec<u8>) -> Result<Cells, String> {
             ));
         }
     }
-    let total = meta.file_metadata().num_rows().max(0) as usize;
-    let mut cells: Vec<Vec<String>> = vec![Vec::with_capacity(total); columns.len()];
+    let mut budget = Budget {
+        held: 0,
+        limits: *limits,
+    };
+    let mut cells: Vec<Column> = columns.iter().map(|_| Column::new()).collect();
     for g in 0..meta.num_row_groups() {
         let group = reader.get_row_group(g).map_err(bad)?;
-        let rows = group.metadata().num_rows().max(0) as usize;
+        let claimed = group.metadata().num_rows();
+        let rows =
+            usize::try_from(claimed).map_err(|_| format!("row group {g} claims {claimed} rows"))?;
         for (j, descr) in columns.iter().enumerate() {
             let r = group.get_column_reader(j).map_err(bad)?;
             let before = cells[j].len();
-            read_column(r, descr, rows, &mut cells[j]).map_err(|e| match e {
+            read_column(r, descr, rows, &mut cells[j], &mut budget).map_err(|e| match e {
                 ColumnError::Parquet(e) => bad(e),
                 ColumnError::Value(m) => format!("column `{}`: {m}", descr.path().string()),
+                ColumnError::Limit(m) => m,
             })?;
             if cells[j].len() - before != rows {
                 return Err(format!(
-                    "column `{}` has {} values in row group {g}, which has {rows} rows",
+                    "column `{}` has {} values in row group {g}, which claims {rows} rows (a damaged or lying footer)",
                     descr.path().string(),
                     cells[j].len() - before
                 ));
             }
         }
     }
-    let n = cells.first().map_or(0, Vec::len);
-    let mut rows: Vec<Vec<String>> = Vec::with_capacity(n);
-    let mut columns_iter: Vec<std::vec::IntoIter<String>> =
-        cells.into_iter().map(Vec::into_iter).collect();
-    for _ in 0..n {
-        rows.push(
-            columns_iter
-                .iter_mut()
-                .map(|c| c.next().expect("every column has n values"))
-                .collect(),
-        );
-    }
-    Ok((header, rows))
+    Ok((header, cells))
 }
+
+/// The bytes kept so far, against the limits.
+struct Budget {
+    held: u64,
+    limits: ReadLimits,
+}
+
+impl Budget {
+    /// Count one kept value of `len` bytes.
+    fn keep(&mut self, len: usize) -> Result<(), ColumnError> {
+        if len as u64 > self.limits.max_cell_bytes {
+            return Err(ColumnError::Value(format!(
+                "a value of {len} bytes, past the {} limit (KILN_MAX_CELL_BYTES)",
+                bytes_text(self.limits.max_cell_bytes)
+            )));
+        }
+        self.held += 8 + len as u64;
+        if self.held > self.limits.max_bytes {
+            return Err(ColumnError::Limit(format!(
+                "the table needs more than the {} limit (KILN_MAX_TABLE_BYTES) once read; raise it or read fewer rows",
+                bytes_text(self.limits.max_bytes)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Records read per call: what one step may hold, whatever a page header claims.
+const BATCH: usize = 8192;
 
 enum ColumnError {
     Parquet(parquet::errors::ParquetError),
     Value(String),
+    /// A limit was passed (the message is complete).
+    Limit(String),
 }
 
 impl From<parquet::errors::ParquetError> for ColumnError {
@@ -104,38 +179,45 @@ impl From<parquet::errors::ParquetError> for ColumnError {
     }
 }
 
-/// Read `rows` values of one column chunk, `None` for nulls.
+/// Visit `rows` values of one column chunk in bounded batches, `None` for nulls.
 fn values<T: DataType>(
     mut r: ColumnReaderImpl<T>,
     descr: &ColumnDescPtr,
     rows: usize,
-) -> Result<Vec<Option<T::T>>, ColumnError> {
+    mut visit: impl FnMut(Option<T::T>) -> Result<(), ColumnError>,
+) -> Result<(), ColumnError> {
     let max_def = descr.max_def_level();
     let mut defs: Vec<i16> = Vec::new();
     let mut vals: Vec<T::T> = Vec::new();
     let mut read = 0;
     while read < rows {
-        let (records, _, _) = r.read_records(rows - read, Some(&mut defs), None, &mut vals)?;
+        defs.clear();
+        vals.clear();
+        let (records, _, _) =
+            r.read_records((rows - read).min(BATCH), Some(&mut defs), None, &mut vals)?;
         if records == 0 {
             break;
         }
         read += records;
-    }
-    if max_def == 0 {
-        return Ok(vals.into_iter().map(Some).collect());
-    }
-    let mut it = vals.into_iter();
-    defs.iter()
-        .map(|&d| {
-            if d == max_def {
-                it.next()
-                    .map(Some)
-                    .ok_or_else(|| ColumnError::Value("fewer values than levels".into()))
-            } else {
-                Ok(None)
+        if max_def == 0 {
+            for v in vals.drain(..) {
+                visit(Some(v))?;
             }
-        })
-        .collect()
+            continue;
+        }
+        let mut it = vals.drain(..);
+        for &d in &defs {
+            if d == max_def {
+                let v = it
+                    .next()
+                    .ok_or_else(|| ColumnError::Value("fewer values than levels".into()))?;
+                visit(Some(v))?;
+            } else {
+                visit(None)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Seconds and the fraction digits of a timestamp `v` in `per_second` units.
@@ -206,17 +288,24 @@ fn read_column(
     r: ColumnReader,
     descr: &ColumnDescPtr,
     rows: usize,
-    out: &mut Vec<String>,
+    out: &mut Column,
+    budget: &mut Budget,
 ) -> Result<(), ColumnError> {
     let logical = descr.logical_type_ref().cloned();
     let converted = descr.converted_type();
     let scale = descr.type_scale();
-    let push = |out: &mut Vec<String>, v: Option<String>| out.push(v.unwrap_or_default());
+    let mut push = |v: Option<String>| -> Result<(), ColumnError> {
+        let v = v.unwrap_or_default();
+        budget.keep(v.len())?;
+        out.push(&v);
+        Ok(())
+    };
     match r {
         ColumnReader::BoolColumnReader(r) => {
-            for v in values(r, descr, rows)? {
-                push(out, v.map(|b| b.to_string()));
-            }
+            values(r, descr, rows, |v| {
+                push(v.map(|b| b.to_string()))?;
+                Ok(())
+            })?;
         }
         ColumnReader::Int32ColumnReader(r) => {
             let unsigned = matches!(&logical, Some(LogicalType::Integer(i)) if !i.is_signed)
@@ -233,24 +322,22 @@ fn read_column(
                 _ if converted == ConvertedType::TIME_MILLIS => Some(1_000),
                 _ => None,
             };
-            for v in values(r, descr, rows)? {
-                push(
-                    out,
-                    v.map(|x| {
-                        if is_date {
-                            format_datetime(x as i64 * 86_400, false)
-                        } else if is_decimal {
-                            decimal(x as i128, scale)
-                        } else if let Some(per) = time {
-                            time_of_day(x as i64, per)
-                        } else if unsigned {
-                            (x as u32).to_string()
-                        } else {
-                            x.to_string()
-                        }
-                    }),
-                );
-            }
+            values(r, descr, rows, |v| {
+                push(v.map(|x| {
+                    if is_date {
+                        format_datetime(x as i64 * 86_400, false)
+                    } else if is_decimal {
+                        decimal(x as i128, scale)
+                    } else if let Some(per) = time {
+                        time_of_day(x as i64, per)
+                    } else if unsigned {
+                        (x as u32).to_string()
+                    } else {
+                        x.to_string()
+                    }
+                }))?;
+                Ok(())
+            })?;
         }
         ColumnReader::Int64ColumnReader(r) => {
             let unsigned = matches!(&logical, Some(LogicalType::Integer(i)) if !i.is_signed)
@@ -268,44 +355,45 @@ fn read_column(
             };
             let is_decimal = matches!(logical, Some(LogicalType::Decimal(_)))
                 || converted == ConvertedType::DECIMAL;
-            for v in values(r, descr, rows)? {
-                push(
-                    out,
-                    v.map(|x| {
-                        if let Some(per) = ts {
-                            timestamp(x, per)
-                        } else if let Some(per) = time {
-                            time_of_day(x, per)
-                        } else if is_decimal {
-                            decimal(x as i128, scale)
-                        } else if unsigned {
-                            (x as u64).to_string()
-                        } else {
-                            x.to_string()
-                        }
-                    }),
-                );
-            }
+            values(r, descr, rows, |v| {
+                push(v.map(|x| {
+                    if let Some(per) = ts {
+                        timestamp(x, per)
+                    } else if let Some(per) = time {
+                        time_of_day(x, per)
+                    } else if is_decimal {
+                        decimal(x as i128, scale)
+                    } else if unsigned {
+                        (x as u64).to_string()
+                    } else {
+                        x.to_string()
+                    }
+                }))?;
+                Ok(())
+            })?;
         }
         ColumnReader::Int96ColumnReader(r) => {
-            for v in values(r, descr, rows)? {
-                push(out, v.map(|x| timestamp(x.to_nanos(), 1_000_000_000)));
-            }
+            values(r, descr, rows, |v| {
+                push(v.map(|x| timestamp(x.to_nanos(), 1_000_000_000)))?;
+                Ok(())
+            })?;
         }
         ColumnReader::FloatColumnReader(r) => {
-            for v in values(r, descr, rows)? {
-                push(out, v.map(|x| float_text(x as f64)));
-            }
+            values(r, descr, rows, |v| {
+                push(v.map(|x| float_text(x as f64)))?;
+                Ok(())
+            })?;
         }
         ColumnReader::DoubleColumnReader(r) => {
-            for v in values(r, descr, rows)? {
-                push(out, v.map(float_text));
-            }
+            values(r, descr, rows, |v| {
+                push(v.map(float_text))?;
+                Ok(())
+            })?;
         }
         ColumnReader::ByteArrayColumnReader(r) => {
             let is_decimal = matches!(logical, Some(LogicalType::Decimal(_)))
                 || converted == ConvertedType::DECIMAL;
-            for v in values(r, descr, rows)? {
+            values(r, descr, rows, |v| {
                 let text = match v {
                     None => None,
                     Some(b) if is_decimal => Some(decimal(be_i128(b.data())?, scale)),
@@ -319,8 +407,9 @@ fn read_column(
                             .to_string(),
                     ),
                 };
-                push(out, text);
-            }
+                push(text)?;
+                Ok(())
+            })?;
         }
         ColumnReader::FixedLenByteArrayColumnReader(r) => {
             let is_decimal = matches!(logical, Some(LogicalType::Decimal(_)))
@@ -332,7 +421,7 @@ fn read_column(
                     PhysicalType::FIXED_LEN_BYTE_ARRAY
                 )));
             }
-            for v in values(r, descr, rows)? {
+            values(r, descr, rows, |v| {
                 let text = match v {
                     None => None,
                     Some(b) if is_decimal => Some(decimal(be_i128(b.data())?, scale)),
@@ -346,8 +435,9 @@ fn read_column(
                         Some(float_text(f16_to_f64(u16::from_le_bytes([d[0], d[1]]))))
                     }
                 };
-                push(out, text);
-            }
+                push(text)?;
+                Ok(())
+            })?;
         }
     }
     Ok(())

@@ -37,11 +37,12 @@ impl EncodeTable for Preprocessing {
             .iter()
             .map(|c| table.column_index(&c.name))
             .collect::<Result<_, _>>()?;
-        let mut out = Vec::with_capacity(table.rows.len() * self.n_features());
-        let mut values = Vec::with_capacity(idx.len());
-        for (row, &line) in table.rows.iter().zip(&table.lines) {
-            values.clear();
-            values.extend(idx.iter().map(|&i| RawValue::cell(&row[i])));
+        let mut out = Vec::with_capacity(table.n_rows() * self.n_features());
+        let mut cells = Vec::with_capacity(idx.len());
+        for (r, &line) in table.lines.iter().enumerate() {
+            cells.clear();
+            cells.extend(idx.iter().map(|&i| table.cell(r, i)));
+            let values: Vec<RawValue> = cells.iter().map(|c| RawValue::cell(c)).collect();
             let locate = |column: &str, message: String| DataError::Cell {
                 path: table.path.clone(),
                 line,

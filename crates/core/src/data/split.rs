@@ -50,16 +50,13 @@ impl KeyKind {
 /// 8601 dates, decided by its first non-missing cell. Missing cells are `None`.
 pub fn read_key(table: &CsvTable, column: &str) -> Result<(KeyKind, Vec<Option<i64>>), DataError> {
     let idx = table.column_index(column)?;
-    let first = table
-        .rows
-        .iter()
-        .map(|r| r[idx].as_str())
-        .find(|c| !is_missing(c));
+    let first = table.column_cells(idx).find(|c| !is_missing(c));
     let numeric = first.is_some_and(|c| c.trim().parse::<f64>().is_ok());
     let mut with_time = false;
-    let mut out = Vec::with_capacity(table.rows.len());
-    for (row, &line) in table.rows.iter().zip(&table.lines) {
-        let cell = row[idx].trim();
+    let mut out = Vec::with_capacity(table.n_rows());
+    for (r, &line) in table.lines.iter().enumerate() {
+        let cell = table.cell(r, idx);
+        let cell = cell.trim();
         if is_missing(cell) {
             out.push(None);
             continue;
@@ -132,7 +129,7 @@ pub fn assign(
     match cfg.by {
         SplitBy::Column => by_column(table, cfg, cfg.column.as_deref().unwrap_or(season_column)),
         SplitBy::Random => {
-            let n = table.rows.len();
+            let n = table.n_rows();
             let order: Vec<usize> = (0..n).collect();
             let slots = draw(order, cfg, n);
             let desc = |p: &SplitPart| match p {
@@ -149,23 +146,24 @@ pub fn assign(
         SplitBy::Group => {
             let column = cfg.column.as_deref().unwrap_or(season_column);
             let idx = table.column_index(column)?;
-            let groups: BTreeSet<&str> = table
-                .rows
-                .iter()
-                .map(|r| r[idx].trim())
+            let groups: BTreeSet<String> = table
+                .column_cells(idx)
+                .map(|c| c.trim().to_string())
                 .filter(|c| !is_missing(c))
                 .collect();
-            let groups: Vec<&str> = groups.into_iter().collect();
+            let groups: Vec<String> = groups.into_iter().collect();
             let slots = draw((0..groups.len()).collect(), cfg, groups.len());
-            let mut part = Vec::with_capacity(table.rows.len());
+            let mut part = Vec::with_capacity(table.n_rows());
             let mut missing_key = 0;
-            for r in &table.rows {
-                let c = r[idx].trim();
+            for cell in table.column_cells(idx) {
+                let c = cell.trim();
                 if is_missing(c) {
                     missing_key += 1;
                     part.push(None);
                 } else {
-                    let g = groups.binary_search(&c).expect("every group was collected");
+                    let g = groups
+                        .binary_search_by(|g| g.as_str().cmp(c))
+                        .expect("every group was collected");
                     part.push(slots[g]);
                 }
             }
@@ -179,7 +177,7 @@ pub fn assign(
             };
             Ok(Assignment {
                 part,
-                key: vec![0; table.rows.len()],
+                key: vec![0; table.n_rows()],
                 describe: [desc(&cfg.train), desc(&cfg.validation), desc(&cfg.test)],
                 missing_key,
             })

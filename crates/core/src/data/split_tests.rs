@@ -35,17 +35,7 @@ fn baseball() -> CsvTable {
 /// The baseball table with only the seasons up to `last`.
 fn baseball_until(full: &CsvTable, last: i64) -> CsvTable {
     let s = full.column_index("season").unwrap();
-    let mut t = full.clone();
-    let keep: Vec<bool> = t
-        .rows
-        .iter()
-        .map(|r| r[s].parse::<i64>().unwrap() <= last)
-        .collect();
-    let mut k = keep.iter();
-    t.rows.retain(|_| *k.next().unwrap());
-    let mut k = keep.iter();
-    t.lines.retain(|_| *k.next().unwrap());
-    t
+    full.retain_rows(|r| full.cell(r, s).parse::<i64>().unwrap() <= last)
 }
 
 const BASEBALL: &str = "  features: [age, pa_l1, hr_rate_l1]\n  targets: [hr_rate]\n";
@@ -146,9 +136,8 @@ fn relative_windows_move_as_the_baseball_data_grows() {
     let data = format!("{BASEBALL}{split}");
     let season_rows = |t: &CsvTable, from: i64, to: i64| {
         let s = t.column_index("season").unwrap();
-        t.rows
-            .iter()
-            .filter(|r| (from..=to).contains(&r[s].parse::<i64>().unwrap()))
+        t.column_cells(s)
+            .filter(|c| (from..=to).contains(&c.parse::<i64>().unwrap()))
             .count()
     };
     for last in [2016, 2018, 2020] {

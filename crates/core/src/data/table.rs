@@ -144,33 +144,476 @@ pub enum DataError {
         /// What was wrong.
         message: String,
     },
+    /// Reading the file would pass one of the [`ReadLimits`] (inflated or materialised
+    /// bytes, one line, one value, the number of columns); the message names the limit and
+    /// the environment variable that raises it.
+    #[error("{path}: {message}")]
+    Limit {
+        /// The file.
+        path: PathBuf,
+        /// Which limit, where, and how to raise it.
+        message: String,
+    },
     /// A generic, already-located problem (dataset derivation).
     #[error("{0}")]
     Other(String),
 }
 
-/// A CSV file held as text cells, with the line number of each row.
+/// A CSV (or Parquet) file held column by column, with the line number of each row. Cells
+/// are stored compactly, never as one `String` each: a column whose every cell is empty or
+/// the shortest text of an `f32` (`0.25`, `2017`, `-3`) as that `f32` (4 bytes a cell),
+/// any other column as one text buffer with the end of each cell (8 bytes a cell plus its
+/// text). [`CsvTable::cell`] gives back exactly the text that was read.
 #[derive(Debug, Clone)]
 pub struct CsvTable {
     /// Where it was read from (for messages).
     pub path: PathBuf,
     /// The header.
     pub header: Vec<String>,
-    /// Rows of cells.
-    pub rows: Vec<Vec<String>>,
+    /// The cells, one entry per header column.
+    columns: Vec<Column>,
     /// The 1-based line of each row.
     pub lines: Vec<u64>,
 }
 
+/// The cells of one column of a [`CsvTable`] (opaque: read them with [`CsvTable::cell`]).
+#[derive(Debug, Clone)]
+pub enum Column {
+    #[doc(hidden)]
+    /// Every cell so far is empty (NaN here) or exactly the text `format!("{x}")` of an
+    /// `f32` `x` that its text parses back to (through `f64`, as [`parse_finite`] reads).
+    F32(Vec<f32>),
+    /// Any text: the cells one after another, and where each ends.
+    #[doc(hidden)]
+    Text {
+        /// The cells' text, concatenated.
+        text: String,
+        /// The end (exclusive) of each cell in `text`.
+        ends: Vec<u64>,
+    },
+}
+
+/// A fixed buffer that `f32` text is written into without allocating.
+struct Digits {
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl std::fmt::Write for Digits {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        if end > self.buf.len() {
+            return Err(std::fmt::Error);
+        }
+        self.buf[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// The `f32` a cell is stored as, when its text is exactly that value's shortest text and
+/// reads back (through `f64`) to it; NaN for an empty cell.
+fn exact_f32(cell: &str) -> Option<f32> {
+    use std::fmt::Write;
+    if cell.is_empty() {
+        return Some(f32::NAN);
+    }
+    let first = cell.as_bytes()[0];
+    if !(first.is_ascii_digit() || first == b'-') {
+        return None;
+    }
+    let x = cell.parse::<f64>().ok()? as f32;
+    if !x.is_finite() {
+        return None;
+    }
+    let mut d = Digits {
+        buf: [0; 64],
+        len: 0,
+    };
+    write!(d, "{x}").ok()?;
+    (&d.buf[..d.len] == cell.as_bytes()).then_some(x)
+}
+
+impl Default for Column {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Column {
+    /// An empty column.
+    pub fn new() -> Self {
+        Column::F32(Vec::new())
+    }
+
+    /// Its number of cells.
+    pub fn len(&self) -> usize {
+        match self {
+            Column::F32(v) => v.len(),
+            Column::Text { ends, .. } => ends.len(),
+        }
+    }
+
+    /// Whether it has no cells.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Append a cell.
+    pub fn push(&mut self, cell: &str) {
+        if let Column::F32(v) = self {
+            if let Some(x) = exact_f32(cell) {
+                v.push(x);
+                return;
+            }
+            let mut text = String::new();
+            let mut ends = Vec::with_capacity(v.len() + 1);
+            for &x in v.iter() {
+                if !x.is_nan() {
+                    use std::fmt::Write;
+                    let _ = write!(text, "{x}");
+                }
+                ends.push(text.len() as u64);
+            }
+            *self = Column::Text { text, ends };
+        }
+        if let Column::Text { text, ends } = self {
+            text.push_str(cell);
+            ends.push(text.len() as u64);
+        }
+    }
+
+    fn get(&self, r: usize) -> std::borrow::Cow<'_, str> {
+        use std::borrow::Cow;
+        match self {
+            Column::F32(v) if v[r].is_nan() => Cow::Borrowed(""),
+            Column::F32(v) => Cow::Owned(format!("{}", v[r])),
+            Column::Text { text, ends } => {
+                let from = if r == 0 { 0 } else { ends[r - 1] as usize };
+                Cow::Borrowed(&text[from..ends[r] as usize])
+            }
+        }
+    }
+
+    /// Give back spare capacity.
+    pub fn shrink(&mut self) {
+        match self {
+            Column::F32(v) => v.shrink_to_fit(),
+            Column::Text { text, ends } => {
+                text.shrink_to_fit();
+                ends.shrink_to_fit();
+            }
+        }
+    }
+}
+
+/// Bounds on what reading one table may take, so that a hostile or damaged file (a gzip
+/// bomb, a sparse file without newlines, a Parquet footer that lies about its size, one huge
+/// value repeated through a dictionary) ends in a clear error naming the file and the limit
+/// instead of exhausting memory. Each is read from an environment variable (see
+/// docs/data.md, "Limits"); sizes accept a `k`/`m`/`g` (binary) suffix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Bytes of text a CSV file may inflate to (after gzip), and bytes the table may hold
+    /// once read (`KILN_MAX_TABLE_BYTES`, default 4 GiB).
+    pub max_bytes: u64,
+    /// Bytes of one CSV line (`KILN_MAX_LINE_BYTES`, default 16 MiB).
+    pub max_line_bytes: u64,
+    /// Bytes of one value, CSV or Parquet (`KILN_MAX_CELL_BYTES`, default 64 KiB).
+    pub max_cell_bytes: u64,
+    /// Columns of one table (`KILN_MAX_COLUMNS`, default 16,384).
+    pub max_columns: usize,
+}
+
+impl Default for ReadLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 4 << 30,
+            max_line_bytes: 16 << 20,
+            max_cell_bytes: 64 << 10,
+            max_columns: 16_384,
+        }
+    }
+}
+
+/// `n` bytes in the largest binary unit that keeps it whole (`4 GiB`, `1536 KiB`, `17 B`).
+pub fn bytes_text(n: u64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{} {unit}", n >> shift);
+        }
+    }
+    format!("{n} B")
+}
+
+fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let lower = t.to_ascii_lowercase();
+    let lower = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (digits, shift) = match lower.chars().last()? {
+        'k' => (&lower[..lower.len() - 1], 10),
+        'm' => (&lower[..lower.len() - 1], 20),
+        'g' => (&lower[..lower.len() - 1], 30),
+        _ => (lower, 0),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+impl ReadLimits {
+    /// The limits from `KILN_MAX_TABLE_BYTES`, `KILN_MAX_LINE_BYTES`, `KILN_MAX_CELL_BYTES`
+    /// and `KILN_MAX_COLUMNS` (each unset: its default); a value that is not a positive size
+    /// is an error naming the variable.
+    pub fn from_env() -> Result<Self, DataError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// [`ReadLimits::from_env`] over any lookup (tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DataError> {
+        let d = Self::default();
+        let size = |key: &str, default: u64| -> Result<u64, DataError> {
+            match get(key) {
+                None => Ok(default),
+                Some(v) => parse_size(&v).filter(|&n| n > 0).ok_or_else(|| {
+                    DataError::Other(format!(
+                        "{key}: expected a positive number of bytes (e.g. 4g, 512m, 1048576), got {v:?}"
+                    ))
+                }),
+            }
+        };
+        Ok(Self {
+            max_bytes: size("KILN_MAX_TABLE_BYTES", d.max_bytes)?,
+            max_line_bytes: size("KILN_MAX_LINE_BYTES", d.max_line_bytes)?,
+            max_cell_bytes: size("KILN_MAX_CELL_BYTES", d.max_cell_bytes)?,
+            max_columns: size("KILN_MAX_COLUMNS", d.max_columns as u64)? as usize,
+        })
+    }
+}
+
+/// Which limit a stream passed (carried inside an `io::Error` through the CSV reader).
+#[derive(Debug)]
+enum LimitHit {
+    /// The text grew past `max_bytes`.
+    Inflated(u64),
+    /// Line `line` grew past `max_line_bytes`.
+    Line { line: u64, limit: u64 },
+}
+
+impl std::fmt::Display for LimitHit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl std::error::Error for LimitHit {}
+
+/// A text stream that counts its bytes and lines, refusing to go past the table and line
+/// limits; it remembers where its recent newlines are so that a record's byte offset gives
+/// its line.
+struct Tracked<R> {
+    inner: R,
+    offset: u64,
+    line_start: u64,
+    newlines_total: u64,
+    prev_cr: bool,
+    /// Newline offsets not yet passed by a line query, with whether a CR precedes each.
+    pending: std::collections::VecDeque<(u64, bool)>,
+    /// Newlines before the oldest pending one.
+    counted: u64,
+    limits: ReadLimits,
+}
+
+impl<R: std::io::Read> Tracked<R> {
+    fn new(inner: R, limits: ReadLimits) -> Self {
+        Self {
+            inner,
+            offset: 0,
+            line_start: 0,
+            newlines_total: 0,
+            prev_cr: false,
+            pending: Default::default(),
+            counted: 0,
+            limits,
+        }
+    }
+
+    /// The 1-based line of a record starting at byte `at` (a record reported at the LF of
+    /// a CRLF starts after it). Queries come in increasing order.
+    fn line_at(&mut self, at: u64) -> u64 {
+        while let Some(&(off, cr)) = self.pending.front() {
+            if off < at || (off == at && cr) {
+                self.pending.pop_front();
+                self.counted += 1;
+            } else {
+                break;
+            }
+        }
+        self.counted + 1
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Tracked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        for (i, &b) in buf[..n].iter().enumerate() {
+            if b == b'\n' {
+                let at = self.offset + i as u64;
+                self.pending.push_back((at, self.prev_cr));
+                self.newlines_total += 1;
+                self.line_start = at + 1;
+            }
+            self.prev_cr = b == b'\r';
+        }
+        self.offset += n as u64;
+        if self.offset > self.limits.max_bytes {
+            return Err(std::io::Error::other(LimitHit::Inflated(
+                self.limits.max_bytes,
+            )));
+        }
+        if self.offset - self.line_start > self.limits.max_line_bytes {
+            return Err(std::io::Error::other(LimitHit::Line {
+                line: self.newlines_total + 1,
+                limit: self.limits.max_line_bytes,
+            }));
+        }
+        Ok(n)
+    }
+}
+
+/// Whether the file at `path` looks like Parquet: `PAR1` at both ends.
+fn file_is_parquet(file: &mut std::fs::File) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = file.seek(SeekFrom::End(0))?;
+    if len < 8 {
+        file.seek(SeekFrom::Start(0))?;
+        return Ok(false);
+    }
+    let (mut head, mut tail) = ([0u8; 4], [0u8; 4]);
+    file.seek(SeekFrom::Start(0))?;
+    file.read_exact(&mut head)?;
+    file.seek(SeekFrom::End(-4))?;
+    file.read_exact(&mut tail)?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(&head == b"PAR1" && &tail == b"PAR1")
+}
+
+/// A file that hashes (SHA-256) every byte read from it, when asked to.
+struct Hashing<R> {
+    inner: R,
+    hash: Option<sha2::Sha256>,
+}
+
+impl<R: std::io::Read> std::io::Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(h) = &mut self.hash {
+            sha2::Digest::update(h, &buf[..n]);
+        }
+        Ok(n)
+    }
+}
+
+impl<R: std::io::Read> Hashing<R> {
+    /// Read the rest and return the hex digest (`None` when not hashing).
+    fn finish(mut self) -> std::io::Result<Option<String>> {
+        if self.hash.is_none() {
+            return Ok(None);
+        }
+        std::io::copy(&mut self, &mut std::io::sink())?;
+        Ok(self.hash.map(|h| {
+            sha2::Digest::finalize(h)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        }))
+    }
+}
+
 impl CsvTable {
     /// Read a whole table: a Parquet file (by its `.parquet`/`.pq` extension or its `PAR1`
-    /// magic bytes) or a CSV file with a header row.
+    /// magic bytes) or a CSV file with a header row, within the [`ReadLimits`] of the
+    /// environment.
     pub fn read(path: &Path) -> Result<Self, DataError> {
-        let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+        Ok(Self::read_inner(path, None, None, false)?.0)
+    }
+
+    /// Read a table file as [`CsvTable::read`] does, with a given `format` and `delimiter`
+    /// (`None`: by extension/magic bytes, and sniffed), also returning the SHA-256 (hex) of
+    /// the file's bytes. The file is opened once and streamed, never held whole in memory
+    /// (CSV: hashed as it is read; Parquet: one pass to hash, then read in place).
+    pub fn read_file(
+        path: &Path,
+        format: Option<crate::config::DataFormat>,
+        delimiter: Option<u8>,
+    ) -> Result<(Self, String), DataError> {
+        let (table, sha) = Self::read_inner(path, format, delimiter, true)?;
+        Ok((table, sha.unwrap_or_default()))
+    }
+
+    fn read_inner(
+        path: &Path,
+        format: Option<crate::config::DataFormat>,
+        delimiter: Option<u8>,
+        hash: bool,
+    ) -> Result<(Self, Option<String>), DataError> {
+        use crate::config::DataFormat;
+        use std::io::{Seek, SeekFrom};
+        let limits = ReadLimits::from_env()?;
+        let io = |source| DataError::Io {
             path: path.to_path_buf(),
             source,
+        };
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let parquet = match format {
+            Some(f) => f == DataFormat::Parquet,
+            None => {
+                DataFormat::of(path, None) == DataFormat::Parquet
+                    || file_is_parquet(&mut file).map_err(io)?
+            }
+        };
+        if parquet {
+            let sha = if hash {
+                let sha = Hashing {
+                    inner: &mut file,
+                    hash: Some(Default::default()),
+                }
+                .finish()
+                .map_err(io)?;
+                file.seek(SeekFrom::Start(0)).map_err(io)?;
+                sha
+            } else {
+                None
+            };
+            let table = Self::from_parquet(super::parquet::read_file(file, &limits), path)?;
+            return Ok((table, sha));
+        }
+        let mut raw = std::io::BufReader::with_capacity(
+            1 << 16,
+            Hashing {
+                inner: file,
+                hash: hash.then(Default::default),
+            },
+        );
+        let table = Self::from_reader(&mut raw, path, delimiter, &limits)?;
+        let sha = raw.into_inner().finish().map_err(io)?;
+        Ok((table, sha))
+    }
+
+    fn from_parquet(
+        cells: Result<super::parquet::Cells, String>,
+        path: &Path,
+    ) -> Result<Self, DataError> {
+        let (header, columns) = cells.map_err(|message| DataError::Format {
+            path: path.to_path_buf(),
+            message,
         })?;
-        Self::from_file_bytes(bytes, path, None, None)
+        let n = columns.first().map_or(0, Column::len);
+        let mut table = Self::empty(path, header);
+        table.columns = columns;
+        for c in &mut table.columns {
+            c.shrink();
+        }
+        table.lines = (1..=n as u64).collect();
+        Ok(table)
     }
 
     /// A file's bytes as a table: `format` when given, else Parquet for a `.parquet`/`.pq`
@@ -190,17 +633,8 @@ impl CsvTable {
             }
         };
         if parquet {
-            let (header, rows) =
-                super::parquet::read(bytes).map_err(|message| DataError::Format {
-                    path: path.to_path_buf(),
-                    message,
-                })?;
-            Ok(Self {
-                path: path.to_path_buf(),
-                header,
-                lines: (1..=rows.len() as u64).collect(),
-                rows,
-            })
+            let limits = ReadLimits::from_env()?;
+            Self::from_parquet(super::parquet::read_with(bytes, &limits), path)
         } else {
             Self::from_bytes_with(&bytes, path, delimiter)
         }
@@ -218,86 +652,247 @@ impl CsvTable {
         path: &Path,
         delimiter: Option<u8>,
     ) -> Result<Self, DataError> {
-        let inflated;
-        let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-            use std::io::Read;
-            let mut out = Vec::new();
-            flate2::read::MultiGzDecoder::new(bytes)
-                .read_to_end(&mut out)
-                .map_err(|e| DataError::Csv {
-                    path: path.to_path_buf(),
-                    line: 0,
-                    message: format!("not a readable gzip file: {e}"),
-                })?;
-            inflated = out;
-            &inflated[..]
+        Self::from_reader(bytes, path, delimiter, &ReadLimits::from_env()?)
+    }
+
+    /// Parse a CSV stream (gzip-compressed when it starts with the gzip magic bytes) within
+    /// `limits`, streaming: the text is never held whole; `path` is only used in messages.
+    pub fn from_reader(
+        mut raw: impl std::io::BufRead,
+        path: &Path,
+        delimiter: Option<u8>,
+        limits: &ReadLimits,
+    ) -> Result<Self, DataError> {
+        use std::io::Read;
+        let gz = raw
+            .fill_buf()
+            .map_err(|source| DataError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .starts_with(&[0x1f, 0x8b]);
+        let text: Box<dyn Read + '_> = if gz {
+            Box::new(flate2::bufread::MultiGzDecoder::new(raw))
         } else {
-            bytes
+            Box::new(raw)
         };
-        let delimiter = delimiter.unwrap_or_else(|| sniff_delimiter(bytes));
+        let mut tracked = Tracked::new(text, *limits);
+        let limit_error = |hit: &LimitHit| match *hit {
+            LimitHit::Inflated(limit) => DataError::Limit {
+                path: path.to_path_buf(),
+                message: format!(
+                    "{} past the {} limit (KILN_MAX_TABLE_BYTES); raise it or read fewer rows",
+                    if gz { "inflates" } else { "is larger than" },
+                    bytes_text(limit)
+                ),
+            },
+            LimitHit::Line { line, limit } => DataError::Limit {
+                path: path.to_path_buf(),
+                message: format!(
+                    "line {line} is longer than the {} limit (KILN_MAX_LINE_BYTES); is this a CSV file?",
+                    bytes_text(limit)
+                ),
+            },
+        };
+        let io_error = |e: &std::io::Error, line: u64| -> DataError {
+            if let Some(hit) = e.get_ref().and_then(|x| x.downcast_ref::<LimitHit>()) {
+                return limit_error(hit);
+            }
+            if gz {
+                DataError::Csv {
+                    path: path.to_path_buf(),
+                    line,
+                    message: format!("not a readable gzip file: {e}"),
+                }
+            } else {
+                DataError::Io {
+                    path: path.to_path_buf(),
+                    source: std::io::Error::new(e.kind(), e.to_string()),
+                }
+            }
+        };
+        // The first 64 KiB, to sniff the delimiter from; then the rest of the stream.
+        let mut head = Vec::new();
+        (&mut tracked)
+            .take(1 << 16)
+            .read_to_end(&mut head)
+            .map_err(|e| io_error(&e, 0))?;
+        let delimiter = delimiter.unwrap_or_else(|| sniff_delimiter(&head));
         let mut reader = csv::ReaderBuilder::new()
             .has_headers(true)
             .delimiter(delimiter)
             .trim(csv::Trim::All)
-            .from_reader(bytes);
+            .from_reader(std::io::Cursor::new(head).chain(tracked));
         // The line of a byte offset. csv's own line count is one too high after a CRLF
         // record end (it counts the LF when it starts the next record), so lines are counted
-        // here from the byte offsets, which are exact.
-        let mut lines_seen = (0usize, 1u64);
-        let mut line_at = |offset: u64| -> u64 {
-            let mut at = (offset as usize).min(bytes.len());
-            // A record reported at the LF of a CRLF starts after it.
-            if bytes.get(at) == Some(&b'\n') && at > 0 && bytes[at - 1] == b'\r' {
-                at += 1;
-            }
-            let (from, line) = lines_seen;
-            let line = if at >= from {
-                line + bytes[from..at].iter().filter(|&&b| b == b'\n').count() as u64
-            } else {
-                1 + bytes[..at].iter().filter(|&&b| b == b'\n').count() as u64
+        // by the stream from the byte offsets, which are exact.
+        let csv_err = |e: csv::Error, reader: &mut csv::Reader<_>| {
+            let line = match e.position() {
+                Some(p) => line_of(reader, p.byte()),
+                None => reader.get_ref().get_ref().1.newlines_total + 1,
             };
-            lines_seen = (at, line);
-            line
-        };
-        let csv_err = |e: csv::Error, line_at: &mut dyn FnMut(u64) -> u64| {
-            let line = e.position().map(|p| line_at(p.byte())).unwrap_or(0);
+            let message = match e.kind() {
+                csv::ErrorKind::Io(e) => return io_error(e, line),
+                csv::ErrorKind::UnequalLengths {
+                    expected_len, len, ..
+                } => format!("expected {expected_len} fields, found {len}"),
+                csv::ErrorKind::Utf8 { .. } => {
+                    "invalid UTF-8 (is this a CSV file? A Parquet file is read by its .parquet extension, its PAR1 magic bytes or data.format: parquet)".to_string()
+                }
+                _ => e.to_string(),
+            };
             DataError::Csv {
                 path: path.to_path_buf(),
                 line,
-                message: match e.kind() {
-                    csv::ErrorKind::UnequalLengths {
-                        expected_len, len, ..
-                    } => format!("expected {expected_len} fields, found {len}"),
-                    csv::ErrorKind::Utf8 { .. } => {
-                        "invalid UTF-8 (is this a CSV file? A Parquet file is read by its .parquet extension, its PAR1 magic bytes or data.format: parquet)".to_string()
-                    }
-                    _ => e.to_string(),
-                },
+                message,
             }
         };
-        let header: Vec<String> = match reader.headers() {
-            Ok(h) => h.iter().map(|s| s.to_string()).collect(),
-            Err(e) => return Err(csv_err(e, &mut line_at)),
+        let header = reader
+            .headers()
+            .map(|h| h.iter().map(|s| s.to_string()).collect::<Vec<String>>());
+        let header = match header {
+            Ok(h) => h,
+            Err(e) => return Err(csv_err(e, &mut reader)),
         };
-        let mut rows = Vec::new();
+        if header.len() > limits.max_columns {
+            return Err(DataError::Limit {
+                path: path.to_path_buf(),
+                message: format!(
+                    "the header has {} columns, past the {} limit (KILN_MAX_COLUMNS)",
+                    header.len(),
+                    limits.max_columns
+                ),
+            });
+        }
+        // What a cell costs at most beyond its text (the end offset of a text column), and a
+        // row beyond its cells (its line).
+        let (cell_cost, row_cost) = (8u64, 8u64);
+        let mut held = 0u64;
+        let mut table = Self::empty(path, header);
+        let header = &table.header;
+        let mut columns = std::mem::take(&mut table.columns);
         let mut lines = Vec::new();
         let mut record = csv::StringRecord::new();
         loop {
             match reader.read_record(&mut record) {
                 Ok(true) => {
-                    lines.push(record.position().map(|p| line_at(p.byte())).unwrap_or(0));
-                    rows.push(record.iter().map(|s| s.to_string()).collect());
+                    let line = record
+                        .position()
+                        .map(|p| line_of(&mut reader, p.byte()))
+                        .unwrap_or(0);
+                    held += row_cost;
+                    for (j, cell) in record.iter().enumerate() {
+                        if cell.len() as u64 > limits.max_cell_bytes {
+                            return Err(DataError::Limit {
+                                path: path.to_path_buf(),
+                                message: format!(
+                                    "line {line}, column `{}`: a value of {} bytes, past the {} limit (KILN_MAX_CELL_BYTES)",
+                                    header.get(j).map_or("?", |h| h.as_str()),
+                                    cell.len(),
+                                    bytes_text(limits.max_cell_bytes)
+                                ),
+                            });
+                        }
+                        held += cell_cost + cell.len() as u64;
+                    }
+                    if held > limits.max_bytes {
+                        return Err(DataError::Limit {
+                            path: path.to_path_buf(),
+                            message: format!(
+                                "the table needs more than the {} limit (KILN_MAX_TABLE_BYTES) once read (at line {line}); raise it or read fewer rows",
+                                bytes_text(limits.max_bytes)
+                            ),
+                        });
+                    }
+                    lines.push(line);
+                    for (col, cell) in columns.iter_mut().zip(record.iter()) {
+                        col.push(cell);
+                    }
                 }
                 Ok(false) => break,
-                Err(e) => return Err(csv_err(e, &mut line_at)),
+                Err(e) => return Err(csv_err(e, &mut reader)),
             }
         }
-        Ok(Self {
+        for c in &mut columns {
+            c.shrink();
+        }
+        lines.shrink_to_fit();
+        table.columns = columns;
+        table.lines = lines;
+        Ok(table)
+    }
+
+    /// A table with `header` and no rows.
+    fn empty(path: &Path, header: Vec<String>) -> Self {
+        Self {
             path: path.to_path_buf(),
+            columns: header.iter().map(|_| Column::new()).collect(),
             header,
-            rows,
-            lines,
-        })
+            lines: Vec::new(),
+        }
+    }
+
+    /// A table of given rows (each as long as `header`) and their lines.
+    pub fn from_rows(
+        path: &Path,
+        header: Vec<String>,
+        rows: impl IntoIterator<Item = Vec<String>>,
+        lines: Vec<u64>,
+    ) -> Self {
+        let mut t = Self::empty(path, header);
+        for row in rows {
+            for (col, cell) in t.columns.iter_mut().zip(&row) {
+                col.push(cell);
+            }
+        }
+        t.lines = lines;
+        t
+    }
+
+    /// The rows `keep` says yes to (by row index), in order.
+    pub fn retain_rows(&self, mut keep: impl FnMut(usize) -> bool) -> Self {
+        let kept: Vec<usize> = (0..self.n_rows()).filter(|&r| keep(r)).collect();
+        let mut t = Self::empty(&self.path, self.header.clone());
+        for (j, col) in t.columns.iter_mut().enumerate() {
+            for &r in &kept {
+                col.push(&self.columns[j].get(r));
+            }
+        }
+        t.lines = kept.iter().map(|&r| self.lines[r]).collect();
+        t
+    }
+
+    /// The number of data rows.
+    pub fn n_rows(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// The text of row `r`'s cell in column `j` (both from 0), exactly as read.
+    pub fn cell(&self, r: usize, j: usize) -> std::borrow::Cow<'_, str> {
+        self.columns[j].get(r)
+    }
+
+    /// The cells of column `j`, in row order.
+    pub fn column_cells(&self, j: usize) -> impl Iterator<Item = std::borrow::Cow<'_, str>> + '_ {
+        (0..self.columns[j].len()).map(move |r| self.columns[j].get(r))
+    }
+
+    /// Whether row `r`'s cell in column `j` is missing ([`is_missing`]), without
+    /// materialising its text.
+    pub fn is_missing_at(&self, r: usize, j: usize) -> bool {
+        match &self.columns[j] {
+            Column::F32(v) => v[r].is_nan(),
+            c => is_missing(&c.get(r)),
+        }
+    }
+
+    /// Row `r`'s cell in column `j` parsed as [`CsvTable::parse_cell_f32`] does (the value
+    /// and every error the same), without materialising text for a numeric column.
+    pub fn f32_at(&self, r: usize, j: usize, column: &str) -> Result<f32, DataError> {
+        match &self.columns[j] {
+            Column::F32(v) if !v[r].is_nan() => Ok(v[r]),
+            c => self.parse_cell_f32(&c.get(r), self.lines[r], column),
+        }
     }
 
     /// The index of a column, or an error listing the header (or naming both positions when
@@ -328,10 +923,8 @@ impl CsvTable {
     /// A column parsed as finite numbers.
     pub fn numeric_column(&self, name: &str) -> Result<Vec<f64>, DataError> {
         let idx = self.column_index(name)?;
-        self.rows
-            .iter()
-            .zip(&self.lines)
-            .map(|(row, &line)| self.parse_cell(&row[idx], line, name))
+        (0..self.n_rows())
+            .map(|r| self.parse_cell(&self.cell(r, idx), self.lines[r], name))
             .collect()
     }
 
@@ -380,14 +973,22 @@ impl CsvTable {
             .iter()
             .map(|n| self.column_index(n))
             .collect::<Result<_, _>>()?;
-        let mut out = Vec::with_capacity(self.rows.len() * names.len());
-        for (row, &line) in self.rows.iter().zip(&self.lines) {
+        let mut out = Vec::with_capacity(self.n_rows() * names.len());
+        for r in 0..self.n_rows() {
             for (&i, name) in idx.iter().zip(names) {
-                out.push(self.parse_cell_f32(&row[i], line, name)?);
+                out.push(self.f32_at(r, i, name)?);
             }
         }
         Ok(out)
     }
+}
+
+/// The line of a record starting at byte `at` of the CSV stream.
+fn line_of<R: std::io::Read>(
+    reader: &mut csv::Reader<std::io::Chain<std::io::Cursor<Vec<u8>>, Tracked<R>>>,
+    at: u64,
+) -> u64 {
+    reader.get_mut().get_mut().1.line_at(at)
 }
 
 /// The delimiter of a CSV text: whichever of comma, tab and semicolon occurs most often
@@ -496,7 +1097,7 @@ mod tests {
         // A quoted field spanning lines moves the next record's line on.
         let tab = t("a,b\r\n\"x\r\ny\",2\r\n3,4\r\n").unwrap();
         assert_eq!(tab.lines, vec![2, 4]);
-        assert_eq!(tab.rows[0][0], "x\r\ny");
+        assert_eq!(tab.cell(0, 0), "x\r\ny");
     }
 
     #[test]
@@ -511,7 +1112,7 @@ mod tests {
         }
         let tab = t("a;b\n1,5;\"x;y\"\n").unwrap();
         assert_eq!(tab.header, vec!["a", "b"]);
-        assert_eq!(tab.rows[0], vec!["1,5", "x;y"]);
+        assert_eq!([tab.cell(0, 0), tab.cell(0, 1)], ["1,5", "x;y"]);
         let tab = CsvTable::from_bytes_with(b"a|b\n1|2\n", Path::new("p.csv"), Some(b'|')).unwrap();
         assert_eq!(tab.numeric_column("b").unwrap(), vec![2.0]);
     }
@@ -529,6 +1130,118 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not a readable gzip file"), "{e}");
+    }
+
+    #[test]
+    fn limits_come_from_the_environment_with_units() {
+        let l = |pairs: &[(&str, &str)]| {
+            let pairs: Vec<(String, String)> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            ReadLimits::from_lookup(move |k| {
+                pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+            })
+        };
+        assert_eq!(l(&[]).unwrap(), ReadLimits::default());
+        let got = l(&[
+            ("KILN_MAX_TABLE_BYTES", "4g"),
+            ("KILN_MAX_LINE_BYTES", "512MiB"),
+            ("KILN_MAX_CELL_BYTES", "1048576"),
+            ("KILN_MAX_COLUMNS", "12"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                got.max_bytes,
+                got.max_line_bytes,
+                got.max_cell_bytes,
+                got.max_columns
+            ),
+            (4 << 30, 512 << 20, 1 << 20, 12)
+        );
+        for bad in ["lots", "0", "-1", "9999999999999999999g"] {
+            let e = l(&[("KILN_MAX_TABLE_BYTES", bad)]).unwrap_err().to_string();
+            assert!(
+                e.starts_with("KILN_MAX_TABLE_BYTES: expected a positive"),
+                "{e}"
+            );
+        }
+        assert_eq!(bytes_text(4 << 30), "4 GiB");
+        assert_eq!(bytes_text(1536 << 10), "1536 KiB");
+        assert_eq!(bytes_text(17), "17 B");
+    }
+
+    #[test]
+    fn each_limit_ends_the_read_with_an_error_naming_file_and_limit() {
+        let small = ReadLimits {
+            max_bytes: 1 << 20,
+            max_line_bytes: 100,
+            max_cell_bytes: 20,
+            max_columns: 3,
+        };
+        let read = |bytes: &[u8], limits: &ReadLimits| {
+            CsvTable::from_reader(bytes, Path::new("t.csv"), None, limits)
+                .unwrap_err()
+                .to_string()
+        };
+        // A line with no end: refused at the line limit, with its line number.
+        let mut text = b"a,b\n1,2\n".to_vec();
+        text.extend(std::iter::repeat_n(b'0', 1000));
+        assert_eq!(
+            read(&text, &small),
+            "t.csv: line 3 is longer than the 100 B limit (KILN_MAX_LINE_BYTES); is this a CSV file?"
+        );
+        // A value past the cell limit names its line and column.
+        let e = read(b"a,b\n1,2\n3,123456789012345678901234\n", &small);
+        assert!(
+            e.starts_with("t.csv: line 3, column `b`: a value of 24 bytes, past the 20 B limit (KILN_MAX_CELL_BYTES)"),
+            "{e}"
+        );
+        let e = read(b"a,b,c,d\n1,2,3,4\n", &small);
+        assert_eq!(
+            e,
+            "t.csv: the header has 4 columns, past the 3 limit (KILN_MAX_COLUMNS)"
+        );
+        // Materialised bytes: many short rows.
+        let rows: String = "a,b\n".to_string() + &"1,2\n".repeat(20_000);
+        let e = read(rows.as_bytes(), &small);
+        assert!(
+            e.starts_with("t.csv: the table needs more than the 1 MiB limit (KILN_MAX_TABLE_BYTES) once read (at line "),
+            "{e}"
+        );
+        // A gzip bomb: blank lines inflate past the limit without a single row.
+        use std::io::Write;
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(b"a,b\n").unwrap();
+        z.write_all(&vec![b'\n'; 4 << 20]).unwrap();
+        let gz = z.finish().unwrap();
+        assert!(gz.len() < 64 << 10);
+        let limits = ReadLimits {
+            max_line_bytes: 1 << 20,
+            ..small
+        };
+        let e = CsvTable::from_reader(&gz[..], Path::new("t.csv.gz"), None, &limits)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "t.csv.gz: inflates past the 1 MiB limit (KILN_MAX_TABLE_BYTES); raise it or read fewer rows"
+        );
+        // Within the limits the same reader reads, with exact lines across read boundaries.
+        let mut text = String::from("a,b\r\n");
+        for i in 0..5000 {
+            text.push_str(&format!("{i},{}\r\n", i * 2));
+        }
+        let t = CsvTable::from_reader(
+            std::io::BufReader::with_capacity(7, text.as_bytes()),
+            Path::new("t.csv"),
+            None,
+            &ReadLimits::default(),
+        )
+        .unwrap();
+        assert_eq!(t.lines.len(), 5000);
+        assert!(t.lines.iter().enumerate().all(|(i, &l)| l == i as u64 + 2));
     }
 
     #[test]
