@@ -1,6 +1,6 @@
 # Sourced by .ci/run: the official OpenTelemetry Python SDK and OTLP protos from PyPI for
 # tests/it/serve_trace.rs (tests/otel/caller.py propagates W3C trace context into kiln serve
-# and exports its own span; tests/otel/receiver.py is the OTLP/gRPC trace receiver both export to).
+# and exports its own span; tests/otel/receiver.py is the OTLP trace receiver, gRPC or HTTP/protobuf, they export to).
 #
 # Creates (or reuses) a venv with pinned opentelemetry-{api,sdk,proto,exporter-otlp-proto-grpc},
 # grpcio and protobuf under ~/.cache/kiln and exports KILN_TEST_OTEL_PYTHON (its interpreter).

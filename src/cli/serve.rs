@@ -113,6 +113,10 @@ pub struct ServeArgs {
     /// (`dropped_events`) but not kept, so a recording's memory stays bounded.
     #[arg(long, default_value_t = kiln::serve::live_profile::MAX_EVENTS)]
     pub profile_max_events: usize,
+    /// Most bytes one on-demand profile holds (its own accounting of its events; default
+    /// 64 MiB); past it the window is counted (`dropped_events`) but not kept.
+    #[arg(long, default_value_t = kiln::serve::live_profile::MAX_BYTES)]
+    pub profile_max_bytes: usize,
     /// Serve on a non-loopback --host without a control token. Without this flag (or a
     /// token) such a start is refused: the control endpoints would rest on the peer address
     /// alone. With it they answer loopback peers whose requests carry no proxy header, and a
@@ -143,14 +147,26 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 20)]
     pub latency_watch_min_delta_us: u64,
     /// Export OpenTelemetry spans of inference requests (request, decode, queue wait, batch,
-    /// compute, encode) over OTLP/gRPC to this collector, e.g. http://127.0.0.1:4317; a
-    /// request's W3C `traceparent` makes them children of the caller's span. Off without it.
+    /// compute, encode) to this OTLP collector: http://127.0.0.1:4317 for gRPC, or the base
+    /// URL http://127.0.0.1:4318 for HTTP (`/v1/traces` is appended). A request's W3C
+    /// `traceparent` makes them children of the caller's span. Without it, the standard
+    /// variables decide (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT,
+    /// OTEL_TRACES_EXPORTER=otlp); off when none is set.
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// OTLP transport: `grpc` or `http/protobuf` (default: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    /// OTEL_EXPORTER_OTLP_PROTOCOL, else grpc).
+    #[arg(long, value_name = "PROTOCOL")]
+    pub otlp_protocol: Option<kiln::serve::otel::OtlpProtocol>,
     /// Share of requests without a sampled parent that are traced (0 to 1); a caller's
-    /// sampled flag always decides for its own requests.
-    #[arg(long, default_value_t = 1.0)]
-    pub trace_sample_ratio: f64,
+    /// sampled flag always decides for its own requests. Default: OTEL_TRACES_SAMPLER (and
+    /// OTEL_TRACES_SAMPLER_ARG), else parentbased_always_on.
+    #[arg(long)]
+    pub trace_sample_ratio: Option<f64>,
+    /// `service.name` of the spans (default: OTEL_SERVICE_NAME, else `service.name` in
+    /// OTEL_RESOURCE_ATTRIBUTES, else kiln-serve).
+    #[arg(long, value_name = "NAME")]
+    pub otel_service_name: Option<String>,
 }
 
 /// `--grpc-port`: a port, or `off`.
@@ -208,6 +224,7 @@ impl ServeArgs {
                 .filter(|t| !t.is_empty()),
             profile_dir: self.profile_dir.clone(),
             profile_max_events: self.profile_max_events,
+            profile_max_bytes: self.profile_max_bytes,
             insecure_control: self.insecure_control,
             grpc_port: self.grpc_port.0,
             watch: kiln::serve::monitor::WatchConfig {
@@ -219,8 +236,9 @@ impl ServeArgs {
             },
             trace: kiln::serve::otel::TraceConfig {
                 endpoint: self.otlp_endpoint.clone(),
+                protocol: self.otlp_protocol,
                 sample_ratio: self.trace_sample_ratio,
-                ..Default::default()
+                service_name: self.otel_service_name.clone(),
             },
         }
     }

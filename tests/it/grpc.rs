@@ -1059,3 +1059,115 @@ async fn a_stream_answers_each_request_by_id_and_goes_on_after_an_error() {
     assert!(errors[0].1.contains("features"), "{errors:?}");
     h.shutdown().await.unwrap();
 }
+
+/// A `ModelStreamInfer` message over `--max-body-bytes` ends the stream with
+/// `RESOURCE_EXHAUSTED`, the code a unary call over the limit gets — and only after the
+/// answers to the requests sent before it have arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_stream_message_is_resource_exhausted_after_the_answers_before_it() {
+    let repo = crate::common::repository_of(trained());
+    let h = serve(config(repo.path())).await;
+    let mut g = grpc(&h).await;
+    let mut requests = Vec::new();
+    for i in 0..3 {
+        let mut r = raw_request(&rows(2, i));
+        r.id = format!("r{i}");
+        requests.push(r);
+    }
+    // 2 MiB of id: over the 1 MiB limit of `config`.
+    let mut big = raw_request(&rows(1, 7));
+    big.id = "x".repeat(2 << 20);
+    let unary = g.model_infer(big.clone()).await.unwrap_err();
+    assert_eq!(unary.code(), Code::ResourceExhausted, "{unary:?}");
+    requests.push(big);
+    let mut answers = g
+        .model_stream_infer(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut ids = Vec::new();
+    let status = loop {
+        match answers.message().await {
+            Ok(Some(m)) => {
+                assert!(m.error_message.is_empty(), "{}", m.error_message);
+                ids.push(m.infer_response.expect("an answer").id);
+            }
+            Ok(None) => panic!("the stream ended without an error after {ids:?}"),
+            Err(st) => break st,
+        }
+    };
+    ids.sort();
+    assert_eq!(ids, ["r0", "r1", "r2"]);
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("--max-body-bytes"), "{status:?}");
+    h.shutdown().await.unwrap();
+}
+
+/// A malformed frame on a `ModelStreamInfer` stream (bytes that are not a
+/// `ModelInferRequest`) fails only itself as far as the framing allows: the answers to the
+/// good requests sent before it on the same stream arrive, then the stream ends with an error
+/// status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_stream_frame_keeps_the_answers_to_the_requests_before_it() {
+    use prost::Message as _;
+    let repo = crate::common::repository_of(trained());
+    let h = serve(config(repo.path())).await;
+    let addr = h.grpc_addr.expect("gRPC is on");
+    let mut body = Vec::new();
+    for i in 0..2 {
+        let mut r = raw_request(&rows(3, i));
+        r.id = format!("r{i}");
+        body.extend(crate::common::grpc_frame(&r));
+    }
+    // Field 1 with the reserved wire type 7: no protobuf decoder accepts it.
+    body.extend([0u8, 0, 0, 0, 3, 0x0f, 0xff, 0xff]);
+
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let req = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{addr}/inference.GRPCInferenceService/ModelStreamInfer"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (resp, mut stream) = client.send_request(req, false).unwrap();
+    stream.send_data(body.into(), true).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(30), resp)
+        .await
+        .expect("the server answers the stream")
+        .unwrap();
+    let mut data = resp.into_body();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(30), data.data())
+        .await
+        .expect("the stream goes on to its end")
+    {
+        let chunk = chunk.unwrap();
+        let _ = data.flow_control().release_capacity(chunk.len());
+        bytes.extend_from_slice(&chunk);
+    }
+    let trailers = data.trailers().await.unwrap().unwrap_or_default();
+    let mut ids = Vec::new();
+    let mut at = 0;
+    while at + 5 <= bytes.len() {
+        let len = u32::from_be_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
+        let m = pb::ModelStreamInferResponse::decode(&bytes[at + 5..at + 5 + len]).unwrap();
+        assert!(m.error_message.is_empty(), "{}", m.error_message);
+        ids.push(m.infer_response.unwrap().id);
+        at += 5 + len;
+    }
+    ids.sort();
+    assert_eq!(ids, ["r0", "r1"]);
+    let status = trailers
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_string());
+    assert!(
+        status.as_deref().is_some_and(|s| s != "0"),
+        "the malformed frame ends the stream with an error: {trailers:?}"
+    );
+    h.shutdown().await.unwrap();
+}

@@ -453,6 +453,81 @@ async fn an_on_demand_profile_under_load_stays_within_its_cap() {
     h.shutdown().await.unwrap();
 }
 
+/// A profile recorded under load with a small byte cap (and no binding event cap) holds at
+/// most that many bytes by the recording's own accounting, reports the bytes it held and
+/// what it dropped, and says so in its message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_on_demand_profile_under_load_stays_within_its_byte_cap() {
+    kiln::observe::install_subscriber();
+    let _profiling = crate::common::PROFILING.lock().await;
+    let repo = repository_of(trained());
+    let profiles = tempfile::tempdir().unwrap();
+    let max_bytes = 32 << 10;
+    let h = serve(ServeConfig {
+        profile_dir: Some(profiles.path().to_path_buf()),
+        profile_max_events: 10_000_000,
+        profile_max_bytes: max_bytes,
+        ..config(repo.path())
+    })
+    .await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..2)
+        .map(|i| {
+            let (mut c, stop) = (http(&h), stop.clone());
+            let body = infer_body(&rows(1, i));
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = c.post_json("/v2/models/tiny/infer", &body).await.unwrap();
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut c = http(&h);
+    // A few hundred spans fill 32 KiB; ask again (up to 5 times) on a machine too busy to
+    // serve that many in the window.
+    let mut answered = 0;
+    let r = loop {
+        let r = c
+            .request("POST", "/v2/profile?duration_ms=1500", &[], &[])
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        answered += 1;
+        if r.json()["dropped_events"].as_u64().unwrap_or(0) > 0 || answered == 5 {
+            break r;
+        }
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let served: u64 = futures_sum(load).await;
+    let v = r.json();
+    let bytes = v["bytes"].as_u64().unwrap();
+    let dropped = v["dropped_events"].as_u64().unwrap();
+    assert_eq!(v["max_bytes"], max_bytes);
+    assert!(bytes > 0 && bytes <= max_bytes as u64, "{v}");
+    assert!(
+        dropped > 0,
+        "{served} requests served, nothing dropped: {v}"
+    );
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("dropped {dropped} events")),
+        "{v}"
+    );
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{max_bytes} bytes"))
+    );
+    h.shutdown().await.unwrap();
+}
+
 async fn futures_sum(tasks: Vec<tokio::task::JoinHandle<u64>>) -> u64 {
     let mut n = 0;
     for t in tasks {

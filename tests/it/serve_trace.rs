@@ -40,11 +40,17 @@ struct Receiver {
 
 impl Receiver {
     fn start(dir: &Path) -> Self {
-        let out = dir.join("spans.jsonl");
+        Self::start_with(dir, "grpc")
+    }
+
+    /// A receiver of OTLP/gRPC (`grpc`) or OTLP/HTTP with protobuf bodies (`http`).
+    fn start_with(dir: &Path, protocol: &str) -> Self {
+        let out = dir.join(format!("spans-{protocol}.jsonl"));
         let mut child = Command::new(python())
             .arg(root().join("tests/otel/receiver.py"))
             .arg("--out")
             .arg(&out)
+            .args(["--protocol", protocol])
             .stdout(Stdio::piped())
             .spawn()
             .expect("the receiver starts");
@@ -175,7 +181,7 @@ async fn a_traced_request_joins_the_callers_trace_with_the_servers_stage_spans()
     cfg.grpc_port = Some(0);
     cfg.trace.endpoint = Some(receiver.endpoint());
     // Requests without a sampled parent are not traced: the caller's flag decides alone.
-    cfg.trace.sample_ratio = 0.0;
+    cfg.trace.sample_ratio = Some(0.0);
     let h = serve(cfg).await;
 
     // HTTP, from the official SDK.
@@ -210,6 +216,7 @@ async fn a_traced_request_joins_the_callers_trace_with_the_servers_stage_spans()
     assert_eq!(resp.into_inner().outputs.len(), 2);
 
     // The server exports within its batch delay; shutting down flushes the rest.
+    let (http_addr, grpc_addr) = (h.addr, h.grpc_addr.unwrap());
     h.shutdown().await.unwrap();
     let spans = tokio::task::block_in_place(|| {
         receiver.until("the caller's and the server's spans", |s| {
@@ -230,6 +237,18 @@ async fn a_traced_request_joins_the_callers_trace_with_the_servers_stage_spans()
     assert_eq!(server["attributes"]["kiln.model"], "tiny");
     assert_eq!(server["attributes"]["kiln.rows"], 3);
     assert_eq!(server["attributes"]["http.response.status_code"], 200);
+    // The semantic conventions' HTTP server attributes.
+    for (k, v) in [
+        ("http.request.method", json!("POST")),
+        ("http.route", json!("/v2/models/{model_name}/infer")),
+        ("url.path", json!("/v2/models/tiny/infer")),
+        ("url.scheme", json!("http")),
+        ("network.protocol.version", json!("1.1")),
+        ("server.address", json!(http_addr.ip().to_string())),
+        ("server.port", json!(http_addr.port())),
+    ] {
+        assert_eq!(server["attributes"][k], v, "{k}: {server:#}");
+    }
     // The answer names the server span.
     let server_id = server["span_id"].as_str().unwrap();
     assert_eq!(
@@ -274,6 +293,16 @@ async fn a_traced_request_joins_the_callers_trace_with_the_servers_stage_spans()
     let (gserver, gstages) = server_spans(&spans, grpc_trace);
     assert_eq!(gserver["parent_span_id"], grpc_parent);
     assert_eq!(gserver["name"], "inference.GRPCInferenceService/ModelInfer");
+    for (k, v) in [
+        ("rpc.system", json!("grpc")),
+        ("rpc.service", json!("inference.GRPCInferenceService")),
+        ("rpc.method", json!("ModelInfer")),
+        ("rpc.grpc.status_code", json!(0)),
+        ("server.address", json!(grpc_addr.ip().to_string())),
+        ("server.port", json!(grpc_addr.port())),
+    ] {
+        assert_eq!(gserver["attributes"][k], v, "{k}: {gserver:#}");
+    }
     assert_eq!(gstages.len(), 5, "{gstages:#?}");
     assert_eq!(
         grpc_response.as_deref(),
@@ -298,8 +327,8 @@ async fn requests_without_a_parent_follow_the_sample_ratio() {
     for (ratio, expect) in [(1.0, 4), (0.0, 0)] {
         let mut cfg = serve_config(repo.path(), "burn");
         cfg.trace.endpoint = Some(receiver.endpoint());
-        cfg.trace.sample_ratio = ratio;
-        cfg.trace.service_name = format!("kiln-ratio-{ratio}");
+        cfg.trace.sample_ratio = Some(ratio);
+        cfg.trace.service_name = Some(format!("kiln-ratio-{ratio}"));
         let h = serve(cfg).await;
         let mut c = kiln::loadgen::client::HttpClient::new(h.addr);
         let b = serde_json::to_vec(&body(1)).unwrap();
@@ -335,6 +364,191 @@ async fn requests_without_a_parent_follow_the_sample_ratio() {
                 r["parent_span_id"].as_str().unwrap_or("").is_empty(),
                 "{r:#}"
             );
+        }
+    }
+}
+
+/// The OpenTelemetry variables `kiln serve` honours (all removed from the child's environment
+/// first, so the runner's own settings cannot leak in).
+const OTEL_VARS: [&str; 12] = [
+    "OTEL_SDK_DISABLED",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+];
+
+/// `kiln serve` as a process configured only by the standard OpenTelemetry variables (no
+/// tracing flag), once per OTLP protocol against the official receiver of that protocol: the
+/// spans arrive with `service.name` from `OTEL_SERVICE_NAME`, the resource attributes of
+/// `OTEL_RESOURCE_ATTRIBUTES`, the sampler of `OTEL_TRACES_SAMPLER`, and the semantic
+/// conventions' HTTP and RPC attributes on the SERVER spans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs OpenTelemetry Python: KILN_TEST_OTEL_PYTHON (.ci/otel.sh)"]
+async fn the_standard_environment_variables_configure_tracing_over_otlp_http_and_grpc() {
+    use std::io::{Read as _, Write as _};
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repository_of(trained());
+    for (receiver_protocol, otel_protocol) in [("http", "http/protobuf"), ("grpc", "grpc")] {
+        let receiver = Receiver::start_with(dir.path(), receiver_protocol);
+        let service = format!("kiln-env-{receiver_protocol}");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        for v in OTEL_VARS {
+            cmd.env_remove(v);
+        }
+        cmd.args(["serve", "--repository"])
+            .arg(repo.path())
+            .args(["--port", "0", "--grpc-port", "0", "--engine", "burn"])
+            .args(["--instances", "1", "--poll-interval-ms", "0"])
+            .env("OTEL_SERVICE_NAME", &service)
+            .env(
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment.name=ci,service.namespace=kiln%20tests",
+            )
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", otel_protocol)
+            .env("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+            .env("OTEL_TRACES_SAMPLER_ARG", "1.0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        // Both addresses from the banner; the rest of stderr is drained to the end.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            let (mut http, mut grpc, mut sent) = (None, None, false);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let addr = |after: &str| {
+                    let i = line.find(after)? + after.len();
+                    let rest = &line[i..];
+                    let end = rest.find([' ', '/']).unwrap_or(rest.len());
+                    rest[..end].parse::<std::net::SocketAddr>().ok()
+                };
+                http = http.or_else(|| addr(" on http://"));
+                grpc = grpc.or_else(|| addr("KServe v2 gRPC on "));
+                if let (false, Some(h), Some(g)) = (sent, http, grpc) {
+                    let _ = tx.send((h, g));
+                    sent = true;
+                }
+                lines.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let (http_addr, grpc_addr) =
+            rx.recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|_| {
+                    panic!("kiln serve printed its addresses: {}", log.lock().unwrap())
+                });
+        let mut c = kiln::loadgen::client::HttpClient::new(http_addr);
+        let t0 = Instant::now();
+        while c.get("/v2/health/ready").await.map(|r| r.status).ok() != Some(200) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "not ready: {}",
+                log.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        // HTTP/1.1 by hand, so the request carries exactly the Host header a client sends.
+        let body = serde_json::to_vec(&body(2)).unwrap();
+        let answer = tokio::task::block_in_place(|| {
+            let mut s = std::net::TcpStream::connect(http_addr).unwrap();
+            write!(
+                s,
+                "POST /v2/models/tiny/infer HTTP/1.1\r\nHost: {http_addr}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n",
+                body.len()
+            )
+            .unwrap();
+            s.write_all(&body).unwrap();
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).unwrap();
+            answer
+        });
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let mut g = GrpcInferenceServiceClient::connect(format!("http://{grpc_addr}"))
+            .await
+            .unwrap();
+        let x = rows_around_means(trained(), 2, 5);
+        let req = tonic::Request::new(crate::common::grpc_raw_request(&x, &[]));
+        assert_eq!(
+            g.model_infer(req).await.unwrap().into_inner().outputs.len(),
+            2
+        );
+
+        // SIGTERM flushes what the batch processor holds.
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = tokio::task::block_in_place(|| child.wait().unwrap());
+        assert!(
+            status.success(),
+            "kiln serve: {status}: {}",
+            log.lock().unwrap()
+        );
+        let spans = tokio::task::block_in_place(|| {
+            receiver.until("the HTTP and gRPC server spans", |s| {
+                s.iter()
+                    .filter(|x| x["service_name"] == service.as_str() && x["kind"] == SERVER)
+                    .count()
+                    >= 2
+            })
+        });
+        let servers: Vec<&Value> = spans
+            .iter()
+            .filter(|x| x["service_name"] == service.as_str() && x["kind"] == SERVER)
+            .collect();
+        assert_eq!(servers.len(), 2, "{servers:#?}");
+        for s in &servers {
+            assert_eq!(s["protocol"], otel_protocol, "{s:#}");
+            assert_eq!(s["resource"]["deployment.environment.name"], "ci", "{s:#}");
+            assert_eq!(s["resource"]["service.namespace"], "kiln tests", "{s:#}");
+            // A new trace (no caller), sampled by the environment's sampler.
+            assert_eq!(s["parent_span_id"], "", "{s:#}");
+        }
+        let by_name = |n: &str| {
+            *servers
+                .iter()
+                .find(|s| s["name"] == n)
+                .unwrap_or_else(|| panic!("no span {n}: {servers:#?}"))
+        };
+        let http = by_name("POST /v2/models/{model_name}/infer");
+        for (k, v) in [
+            ("http.request.method", json!("POST")),
+            ("http.route", json!("/v2/models/{model_name}/infer")),
+            ("http.response.status_code", json!(200)),
+            ("url.path", json!("/v2/models/tiny/infer")),
+            ("url.scheme", json!("http")),
+            ("network.protocol.version", json!("1.1")),
+            ("server.address", json!(http_addr.ip().to_string())),
+            ("server.port", json!(http_addr.port())),
+        ] {
+            assert_eq!(http["attributes"][k], v, "{k}: {http:#}");
+        }
+        let rpc = by_name("inference.GRPCInferenceService/ModelInfer");
+        for (k, v) in [
+            ("rpc.system", json!("grpc")),
+            ("rpc.service", json!("inference.GRPCInferenceService")),
+            ("rpc.method", json!("ModelInfer")),
+            ("rpc.grpc.status_code", json!(0)),
+            ("server.address", json!(grpc_addr.ip().to_string())),
+            ("server.port", json!(grpc_addr.port())),
+        ] {
+            assert_eq!(rpc["attributes"][k], v, "{k}: {rpc:#}");
+        }
+        // The stage spans came along, in the same traces.
+        for root in [http, rpc] {
+            let trace = root["trace_id"].as_str().unwrap();
+            assert_eq!(of_trace(&spans, trace, &service).len(), 6, "{trace}");
         }
     }
 }

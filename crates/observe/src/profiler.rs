@@ -135,6 +135,12 @@ pub struct Recording {
     pub threads: BTreeMap<u64, String>,
 }
 
+/// The default byte cap of one recording ([`StepProfiler::with_max_bytes`]): 64 MiB.
+pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
+
+/// Bytes a `BTreeMap` entry costs beyond its key and value (its share of a node).
+const MAP_ENTRY_OVERHEAD: usize = 16;
+
 struct Recorder {
     origin: Instant,
     opts: Options,
@@ -142,15 +148,88 @@ struct Recorder {
     counters: Vec<CounterSample>,
     /// Most events (and, separately, counter samples) kept; later ones are counted only.
     max_events: usize,
-    /// Events and counter samples not kept because the cap was reached.
+    /// Most bytes the recording holds, by [`Recorder::bytes`]; later events are counted only.
+    max_bytes: usize,
+    /// Heap bytes of the kept events' strings and argument maps.
+    heap: usize,
+    /// Events and counter samples not kept because a cap was reached.
     dropped: u64,
 }
 
+/// Heap bytes `e` owns beyond its slot in the events vector: its strings' buffers and its
+/// argument map's entries.
+fn event_heap_bytes(e: &Event) -> usize {
+    let entry = 2 * std::mem::size_of::<String>() + MAP_ENTRY_OVERHEAD;
+    e.name.capacity()
+        + e.cat.capacity()
+        + e.args
+            .iter()
+            .map(|(k, v)| entry + k.capacity() + v.capacity())
+            .sum::<usize>()
+}
+
 impl Recorder {
-    /// Keep `e` unless the cap is reached (then count it as dropped).
+    fn new(opts: Options) -> Self {
+        Self {
+            origin: Instant::now(),
+            opts,
+            events: Vec::new(),
+            counters: Vec::new(),
+            max_events: usize::MAX,
+            max_bytes: DEFAULT_MAX_BYTES,
+            heap: 0,
+            dropped: 0,
+        }
+    }
+
+    /// What the recording holds, by its own accounting: both vectors' allocated capacity
+    /// plus the kept events' heap ([`event_heap_bytes`]). Never above `max_bytes`.
+    fn bytes(&self) -> usize {
+        self.events.capacity() * std::mem::size_of::<Event>()
+            + self.counters.capacity() * std::mem::size_of::<CounterSample>()
+            + self.heap
+    }
+
+    /// Make room in `v` for one more item of `extra` heap bytes within `max_bytes` (growing
+    /// by doubling while that fits, then by what still fits); false when it does not fit.
+    fn room<T>(v: &mut Vec<T>, used: usize, extra: usize, max_bytes: usize) -> bool {
+        let size = std::mem::size_of::<T>().max(1);
+        if v.len() < v.capacity() {
+            return used + extra <= max_bytes;
+        }
+        let Some(free) = max_bytes.checked_sub(used + extra) else {
+            return false;
+        };
+        let fits = free / size;
+        if fits == 0 {
+            return false;
+        }
+        let want = v.capacity().max(64).min(fits);
+        v.reserve_exact(want);
+        true
+    }
+
+    /// Keep `e` unless a cap is reached (then count it as dropped).
     fn push(&mut self, e: Event) {
-        if self.events.len() < self.max_events {
+        let extra = event_heap_bytes(&e);
+        let used = self.bytes();
+        if self.events.len() < self.max_events
+            && Self::room(&mut self.events, used, extra, self.max_bytes)
+        {
             self.events.push(e);
+            self.heap += extra;
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// Keep a memory sample unless a cap is reached (then count it as dropped).
+    fn push_counter(&mut self, c: CounterSample) {
+        let used = self.bytes();
+        if self.counters.len() < self.max_events
+            && Self::room(&mut self.counters, used, 0, self.max_bytes)
+        {
+            self.counters.push(c);
         } else {
             self.dropped += 1;
         }
@@ -179,11 +258,7 @@ fn sample_memory(at: Instant, gpu: bool) {
             None
         },
     };
-    if rec.counters.len() < rec.max_events {
-        rec.counters.push(sample);
-    } else {
-        rec.dropped += 1;
-    }
+    rec.push_counter(sample);
 }
 
 /// Per-span data kept in the registry's extensions while recording.
@@ -364,6 +439,7 @@ pub struct StepProfiler {
     step_name: String,
     done: bool,
     dropped: u64,
+    bytes: usize,
 }
 
 impl StepProfiler {
@@ -371,14 +447,7 @@ impl StepProfiler {
     /// recording exists per process at a time.
     pub fn new(schedule: Schedule, opts: Options, out_dir: PathBuf, step_name: &str) -> Self {
         if let Ok(mut g) = RECORDER.lock() {
-            *g = Some(Recorder {
-                origin: Instant::now(),
-                opts,
-                events: Vec::new(),
-                counters: Vec::new(),
-                max_events: usize::MAX,
-                dropped: 0,
-            });
+            *g = Some(Recorder::new(opts));
         }
         Self {
             schedule,
@@ -386,6 +455,7 @@ impl StepProfiler {
             step_name: step_name.to_string(),
             done: false,
             dropped: 0,
+            bytes: 0,
         }
     }
 
@@ -397,13 +467,32 @@ impl StepProfiler {
             && let Some(rec) = g.as_mut()
         {
             rec.max_events = max;
-            rec.events.reserve(max.min(1 << 16));
         }
         self
     }
 
-    /// Events and memory samples not kept because of [`StepProfiler::with_max_events`]
-    /// (known once the recording has finished).
+    /// Hold at most `max` bytes (default [`DEFAULT_MAX_BYTES`], 64 MiB) by the recording's
+    /// own accounting: its vectors' allocated capacity plus every kept event's strings and
+    /// argument map. Events and memory samples that would go past it are counted in
+    /// [`StepProfiler::dropped`] and not kept; the memory is freed (and, with glibc, trimmed
+    /// back to the system) when the recording finishes.
+    pub fn with_max_bytes(self, max: usize) -> Self {
+        if let Ok(mut g) = RECORDER.lock()
+            && let Some(rec) = g.as_mut()
+        {
+            rec.max_bytes = max;
+        }
+        self
+    }
+
+    /// The most bytes the recording held (by the accounting of
+    /// [`StepProfiler::with_max_bytes`]; known once it has finished).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Events and memory samples not kept because of [`StepProfiler::with_max_events`] or
+    /// [`StepProfiler::with_max_bytes`] (known once the recording has finished).
     pub fn dropped(&self) -> u64 {
         self.dropped
     }
@@ -442,7 +531,10 @@ impl StepProfiler {
             return Ok(None);
         };
         self.dropped = rec.dropped;
+        self.bytes = rec.bytes();
         if rec.events.is_empty() {
+            drop(rec);
+            return_freed_memory();
             return Ok(None);
         }
         let threads = thread_names(rec.events.iter().map(|e| e.tid));
@@ -451,7 +543,20 @@ impl StepProfiler {
             counters: rec.counters,
             threads,
         };
-        write_outputs(&recording, &self.out_dir, &self.step_name).map(Some)
+        let written = write_outputs(&recording, &self.out_dir, &self.step_name).map(Some);
+        drop(recording);
+        return_freed_memory();
+        written
+    }
+}
+
+/// Hand the heap freed by a finished recording back to the system (glibc keeps freed
+/// memory in its arenas otherwise, and the process's RSS stays at the recording's peak).
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory at the top of glibc's heaps.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -942,6 +1047,50 @@ mod tests {
             step: 0,
             args: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn a_recording_stays_within_its_byte_cap_and_counts_what_it_drops() {
+        let cap = 64 << 10;
+        let mut rec = Recorder::new(Options::default());
+        rec.max_bytes = cap;
+        let mut kept_bytes = 0;
+        for i in 0..20_000u64 {
+            let mut e = ev(&format!("span_{i}"), i as f64, 1.0);
+            e.args.insert("shape".into(), format!("[{i}, 128]"));
+            rec.push(e);
+            rec.push_counter(CounterSample {
+                ts_us: i as f64,
+                rss_mb: Some(1.0),
+                gpu_mem_mb: None,
+            });
+            assert!(rec.bytes() <= cap, "{} > {cap} after {i}", rec.bytes());
+            kept_bytes = kept_bytes.max(rec.bytes());
+        }
+        assert!(!rec.events.is_empty() && !rec.counters.is_empty());
+        let kept = (rec.events.len() + rec.counters.len()) as u64;
+        assert_eq!(kept + rec.dropped, 40_000);
+        assert!(rec.dropped > 30_000, "{} dropped", rec.dropped);
+        // The accounting covers what is really held: the vectors' capacity and each event's
+        // strings and map.
+        let held = rec.events.capacity() * std::mem::size_of::<Event>()
+            + rec.counters.capacity() * std::mem::size_of::<CounterSample>()
+            + rec.events.iter().map(event_heap_bytes).sum::<usize>();
+        assert_eq!(rec.bytes(), held);
+        // Most of the cap is used (growth is not stopped early).
+        assert!(kept_bytes > cap / 2, "{kept_bytes} of {cap}");
+        // An event cap still applies under the byte cap.
+        let mut rec = Recorder::new(Options::default());
+        rec.max_events = 10;
+        for i in 0..100 {
+            rec.push(ev("x", i as f64, 1.0));
+        }
+        assert_eq!((rec.events.len(), rec.dropped), (10, 90));
+        // A cap below one event keeps nothing.
+        let mut rec = Recorder::new(Options::default());
+        rec.max_bytes = 8;
+        rec.push(ev("x", 0.0, 1.0));
+        assert_eq!((rec.events.len(), rec.dropped, rec.bytes()), (0, 1, 0));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, Version, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -336,19 +336,102 @@ fn config_for(s: &Service, name: &str, v: Option<&str>) -> Response {
 async fn infer(
     State(s): Shared,
     Path(name): Path<String>,
+    uri: Uri,
+    version: Version,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    infer_for(s, name, None, headers, body).await
+    let at = HttpRoute {
+        route: "/v2/models/{model_name}/infer",
+        name: "POST /v2/models/{model_name}/infer",
+        uri,
+        version,
+    };
+    infer_for(s, name, None, at, headers, body).await
 }
 
 async fn infer_v(
     State(s): Shared,
     Path((name, v)): Path<(String, String)>,
+    uri: Uri,
+    version: Version,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    infer_for(s, name, Some(v), headers, body).await
+    let at = HttpRoute {
+        route: "/v2/models/{model_name}/versions/{model_version}/infer",
+        name: "POST /v2/models/{model_name}/versions/{model_version}/infer",
+        uri,
+        version,
+    };
+    infer_for(s, name, Some(v), at, headers, body).await
+}
+
+/// Where an inference request arrived: its route (for the span's name and `http.route`),
+/// the request's URI and HTTP version.
+struct HttpRoute {
+    route: &'static str,
+    name: &'static str,
+    uri: Uri,
+    version: Version,
+}
+
+/// The OpenTelemetry semantic conventions' HTTP server attributes of a request (the
+/// response's status code is added when it ends). `server.address`/`server.port` come from
+/// the `Host` header, as the conventions say for a server span.
+fn http_span_attributes(at: &HttpRoute, headers: &HeaderMap) -> Vec<opentelemetry::KeyValue> {
+    use opentelemetry::KeyValue;
+    let protocol = match at.version {
+        Version::HTTP_09 => "0.9",
+        Version::HTTP_10 => "1.0",
+        Version::HTTP_11 => "1.1",
+        Version::HTTP_2 => "2",
+        Version::HTTP_3 => "3",
+        _ => "1.1",
+    };
+    let mut a = vec![
+        KeyValue::new("http.request.method", "POST"),
+        KeyValue::new("http.route", at.route),
+        KeyValue::new("url.path", at.uri.path().to_string()),
+        KeyValue::new("url.scheme", "http"),
+        KeyValue::new("network.protocol.name", "http"),
+        KeyValue::new("network.protocol.version", protocol),
+    ];
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| at.uri.authority().map(|a| a.to_string()));
+    if let Some((address, port)) = host.as_deref().and_then(split_host) {
+        a.push(KeyValue::new("server.address", address));
+        if let Some(p) = port {
+            a.push(KeyValue::new("server.port", i64::from(p)));
+        }
+    }
+    a
+}
+
+/// `host[:port]` (an IPv6 literal in brackets) as address and port; `None` when empty or
+/// malformed.
+fn split_host(h: &str) -> Option<(String, Option<u16>)> {
+    let h = h.trim();
+    if h.is_empty() {
+        return None;
+    }
+    if let Some(rest) = h.strip_prefix('[') {
+        let (addr, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p.parse().ok()?),
+            None if after.is_empty() => None,
+            None => return None,
+        };
+        return Some((addr.to_string(), port));
+    }
+    match h.rsplit_once(':') {
+        Some((addr, p)) if !addr.contains(':') => Some((addr.to_string(), Some(p.parse().ok()?))),
+        Some(_) => None,
+        None => Some((h.to_string(), None)),
+    }
 }
 
 async fn read_body(s: &Service, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
@@ -385,10 +468,11 @@ async fn infer_for(
     s: Arc<Service>,
     name: String,
     version: Option<String>,
+    at: HttpRoute,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let resp = infer_inner(&s, &name, version.as_deref(), &headers, body).await;
+    let resp = infer_inner(&s, &name, version.as_deref(), &at, &headers, body).await;
     s.metrics.infer_response(resp.status().as_u16());
     resp
 }
@@ -399,16 +483,18 @@ async fn infer_inner(
     s: &Service,
     name: &str,
     version: Option<&str>,
+    at: &HttpRoute,
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
     let trace = s.tracing.as_ref().and_then(|t| {
         let h = |k: &str| headers.get(k).and_then(|v| v.to_str().ok());
         t.request(
-            "POST /v2/models/{model_name}/infer",
+            at.name,
             h("traceparent"),
             h("tracestate"),
             "http",
+            http_span_attributes(at, headers),
         )
     });
     let resp = infer_traced(s, name, version, headers, body, trace.as_ref()).await;
@@ -670,7 +756,9 @@ async fn profile(
         Ok(w) => w,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    match live_profile::record_capped(&root, window, s.profile_max_events).await {
+    match live_profile::record_bounded(&root, window, s.profile_max_events, s.profile_max_bytes)
+        .await
+    {
         Ok(p) => ok_json(json!({
             "dir": p.dir.display().to_string(),
             "trace": p.outputs.trace.display().to_string(),
@@ -679,11 +767,14 @@ async fn profile(
             "events": p.events,
             "dropped_events": p.dropped,
             "max_events": s.profile_max_events,
+            "bytes": p.bytes,
+            "max_bytes": s.profile_max_bytes,
             "message": (p.dropped > 0).then(|| format!(
-                "dropped {} events: the recording keeps at most {} (its memory stays bounded); \
-                 ask for a shorter window",
+                "dropped {} events: the recording keeps at most {} events and {} bytes (its \
+                 memory stays bounded); ask for a shorter window",
                 p.dropped,
-                s.profile_max_events
+                s.profile_max_events,
+                s.profile_max_bytes
             )),
             "duration_ms": ms,
             "table": p.outputs.averages.table(SortBy::Total, 30),
@@ -696,5 +787,48 @@ async fn profile(
             "message": e.to_string(),
         })),
         Err(e @ ProfileError::Io { .. }) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn span_attributes_follow_the_http_semantic_conventions() {
+        let at = HttpRoute {
+            route: "/v2/models/{model_name}/infer",
+            name: "POST /v2/models/{model_name}/infer",
+            uri: "/v2/models/tiny/infer".parse().unwrap(),
+            version: Version::HTTP_11,
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("scorer.local:8000"));
+        let a: std::collections::HashMap<String, String> = http_span_attributes(&at, &headers)
+            .into_iter()
+            .map(|kv| (kv.key.to_string(), kv.value.to_string()))
+            .collect();
+        for (k, v) in [
+            ("http.request.method", "POST"),
+            ("http.route", "/v2/models/{model_name}/infer"),
+            ("url.path", "/v2/models/tiny/infer"),
+            ("url.scheme", "http"),
+            ("network.protocol.version", "1.1"),
+            ("server.address", "scorer.local"),
+            ("server.port", "8000"),
+        ] {
+            assert_eq!(a.get(k).map(String::as_str), Some(v), "{k}: {a:?}");
+        }
+    }
+
+    #[test]
+    fn host_headers_split_into_address_and_port() {
+        assert_eq!(split_host("a:80"), Some(("a".into(), Some(80))));
+        assert_eq!(split_host("a"), Some(("a".into(), None)));
+        assert_eq!(split_host("[::1]:8000"), Some(("::1".into(), Some(8000))));
+        assert_eq!(split_host("[::1]"), Some(("::1".into(), None)));
+        for bad in ["", "a:b", "a:99999", "[::1", "[::1]x", "::1"] {
+            assert_eq!(split_host(bad), None, "{bad}");
+        }
     }
 }

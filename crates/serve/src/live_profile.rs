@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::observe::profiler::{Options, ProfileOutputs, StepProfiler};
+use crate::observe::profiler::{DEFAULT_MAX_BYTES, Options, ProfileOutputs, StepProfiler};
 use crate::observe::schedule::Schedule;
 
 /// The longest window one request may ask for.
@@ -31,6 +31,11 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(60);
 /// stays within tens of MiB whatever the load, and its memory is returned when the answer
 /// has been written.
 pub const MAX_EVENTS: usize = 200_000;
+
+/// Most bytes one recording holds by its own accounting (the profiler's
+/// [`DEFAULT_MAX_BYTES`], 64 MiB): whichever of the two caps is reached first ends what is
+/// kept; the rest is counted as dropped.
+pub const MAX_BYTES: usize = DEFAULT_MAX_BYTES;
 
 /// The step span of a serving profile.
 pub const STEP_NAME: &str = "serve_request";
@@ -72,8 +77,11 @@ pub struct LiveProfile {
     pub outputs: ProfileOutputs,
     /// Spans recorded.
     pub events: usize,
-    /// Spans (and memory samples) not kept because the window reached [`MAX_EVENTS`].
+    /// Spans (and memory samples) not kept because the window reached its event or byte
+    /// cap.
     pub dropped: u64,
+    /// The most bytes the recording held (the profiler's own accounting), at most its cap.
+    pub bytes: usize,
 }
 
 struct Release;
@@ -108,6 +116,16 @@ pub async fn record_capped(
     window: Duration,
     max_events: usize,
 ) -> Result<LiveProfile, ProfileError> {
+    record_bounded(root, window, max_events, MAX_BYTES).await
+}
+
+/// [`record`] with an event cap of `max_events` and a byte cap of `max_bytes`.
+pub async fn record_bounded(
+    root: &Path,
+    window: Duration,
+    max_events: usize,
+    max_bytes: usize,
+) -> Result<LiveProfile, ProfileError> {
     if BUSY
         .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
@@ -126,16 +144,17 @@ pub async fn record_capped(
         repeat: 1,
     };
     let mut prof = StepProfiler::new(schedule, Options::default(), dir.clone(), STEP_NAME)
-        .with_max_events(max_events);
+        .with_max_events(max_events)
+        .with_max_bytes(max_bytes);
     let io = |source| ProfileError::Io {
         dir: dir.clone(),
         source,
     };
     prof.on_step(0).map_err(io)?;
     tokio::time::sleep(window).await;
-    let (written, dropped) = tokio::task::spawn_blocking(move || {
+    let (written, dropped, bytes) = tokio::task::spawn_blocking(move || {
         let w = prof.finish();
-        (w, prof.dropped())
+        (w, prof.dropped(), prof.bytes())
     })
     .await
     .map_err(|e| io(std::io::Error::other(e.to_string())))?;
@@ -146,5 +165,6 @@ pub async fn record_capped(
         outputs,
         events,
         dropped,
+        bytes,
     })
 }

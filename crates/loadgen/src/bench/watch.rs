@@ -68,7 +68,7 @@ pub(super) fn watch_costs(
             },
             trace: kiln_serve::otel::TraceConfig {
                 endpoint: ratio.map(|_| sink.clone()),
-                sample_ratio: ratio.unwrap_or(1.0),
+                sample_ratio: Some(ratio.unwrap_or(1.0)),
                 ..Default::default()
             },
             ..in_process_config(opts)

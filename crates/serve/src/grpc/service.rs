@@ -36,6 +36,42 @@ impl GrpcService {
 }
 
 /// A request span's gRPC status attribute.
+/// The OpenTelemetry semantic conventions' RPC server attributes of a call to `method` of
+/// the KServe v2 service (the status code is added when it ends).
+fn rpc_span_attributes(
+    method: &'static str,
+    local: Option<std::net::SocketAddr>,
+) -> Vec<opentelemetry::KeyValue> {
+    use opentelemetry::KeyValue;
+    let mut a = vec![
+        KeyValue::new("rpc.system", "grpc"),
+        KeyValue::new("rpc.service", "inference.GRPCInferenceService"),
+        KeyValue::new("rpc.method", method),
+        KeyValue::new("network.protocol.name", "http"),
+        KeyValue::new("network.protocol.version", "2"),
+    ];
+    if let Some(l) = local {
+        a.push(KeyValue::new("server.address", l.ip().to_string()));
+        a.push(KeyValue::new("server.port", i64::from(l.port())));
+    }
+    a
+}
+
+/// The status a stream ends with when one of its messages cannot be read: tonic's
+/// `OUT_OF_RANGE` for a message over the decoding limit becomes `RESOURCE_EXHAUSTED`, as a
+/// unary call answers (the gRPC convention for a size limit).
+fn stream_error(st: Status, max_bytes: usize) -> Status {
+    if st.code() == tonic::Code::OutOfRange {
+        Status::resource_exhausted(format!(
+            "a stream message is larger than the limit of {max_bytes} bytes (--max-body-bytes); \
+             the requests before it were answered: {}",
+            st.message()
+        ))
+    } else {
+        st
+    }
+}
+
 fn status_code(code: tonic::Code) -> opentelemetry::KeyValue {
     opentelemetry::KeyValue::new("rpc.grpc.status_code", code as i64)
 }
@@ -187,7 +223,10 @@ impl GrpcInferenceService for GrpcService {
     /// in completion order. At most [`STREAM_IN_FLIGHT`] requests of one stream are in
     /// flight: past that the stream is not read (HTTP/2 flow control holds the client back).
     /// A client that closes its side has its requests in flight answered, then the stream
-    /// ends; one that goes away (or cancels) has its requests withdrawn from the queue.
+    /// ends; one that goes away (or cancels) has its requests withdrawn from the queue. A
+    /// message that cannot be read (over `--max-body-bytes`: `RESOURCE_EXHAUSTED`, as unary
+    /// calls; or not a request) ends the stream with its status once the requests read
+    /// before it are answered.
     async fn model_stream_infer(
         &self,
         req: Request<tonic::Streaming<ModelInferRequest>>,
@@ -199,6 +238,7 @@ impl GrpcInferenceService for GrpcService {
                 .map(str::to_string)
         };
         let (traceparent, tracestate) = (meta("traceparent"), meta("tracestate"));
+        let local = req.local_addr();
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(STREAM_IN_FLIGHT);
         let svc = self.clone();
@@ -217,9 +257,21 @@ impl GrpcInferenceService for GrpcService {
                     Ok(Some(r)) => r,
                     // The client closed its side: answer what is in flight, then end.
                     Ok(None) => break,
+                    // A message that cannot be read (over the size limit, or not a request)
+                    // ends the stream, but only after the requests read before it are
+                    // answered: the framing gives no way past it.
                     Err(st) => {
+                        let st = stream_error(st, svc.state.max_body_bytes);
+                        loop {
+                            tokio::select! {
+                                done = tasks.join_next() => if done.is_none() { break },
+                                _ = tx.closed() => {
+                                    tasks.abort_all();
+                                    return;
+                                }
+                            }
+                        }
                         let _ = tx.send(Err(st)).await;
-                        tasks.abort_all();
                         return;
                     }
                 };
@@ -242,6 +294,7 @@ impl GrpcInferenceService for GrpcService {
                             tp.as_deref(),
                             ts.as_deref(),
                             "grpc-stream",
+                            rpc_span_attributes("ModelStreamInfer", local),
                         )
                     });
                     let (id, model) = (r.id.clone(), r.model_name.clone());
@@ -300,6 +353,7 @@ impl GrpcInferenceService for GrpcService {
                 h("traceparent"),
                 h("tracestate"),
                 "grpc",
+                rpc_span_attributes("ModelInfer", req.local_addr()),
             )
         });
         let r = self.infer(req.into_inner(), trace.as_ref()).await;

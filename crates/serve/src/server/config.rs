@@ -51,6 +51,9 @@ pub struct ServeConfig {
     /// Most events one on-demand profile keeps (default [`live_profile::MAX_EVENTS`]); the
     /// rest of its window is counted as dropped.
     pub profile_max_events: usize,
+    /// Most bytes one on-demand profile holds by its own accounting (default
+    /// [`live_profile::MAX_BYTES`], 64 MiB); the rest of its window is counted as dropped.
+    pub profile_max_bytes: usize,
     /// Serve on a non-loopback `host` without a control token (`--insecure-control`): the
     /// control endpoints then answer only loopback peers whose requests carry no proxy
     /// header, and a warning says so at start. Without it such a start is refused.
@@ -81,6 +84,7 @@ impl Default for ServeConfig {
             control_token: None,
             profile_dir: None,
             profile_max_events: live_profile::MAX_EVENTS,
+            profile_max_bytes: live_profile::MAX_BYTES,
             insecure_control: false,
             grpc_port: None,
             watch: WatchConfig::default(),
@@ -129,17 +133,17 @@ pub(super) fn validate(cfg: &ServeConfig) -> Result<EngineKind, ServeError> {
             b.default_priority, b.priority_levels
         ));
     }
-    if !(0.0..=1.0).contains(&cfg.trace.sample_ratio) {
-        return bad(format!(
-            "--trace-sample-ratio is {}; expected 0 to 1",
-            cfg.trace.sample_ratio
-        ));
+    if let Some(r) = cfg.trace.sample_ratio
+        && !(0.0..=1.0).contains(&r)
+    {
+        return bad(format!("--trace-sample-ratio is {r}; expected 0 to 1"));
     }
     if let Some(e) = &cfg.trace.endpoint
         && !(e.starts_with("http://") || e.starts_with("https://"))
     {
         return bad(format!(
-            "--otlp-endpoint is `{e}`; expected an OTLP/gRPC URL such as http://127.0.0.1:4317"
+            "--otlp-endpoint is `{e}`; expected an OTLP URL such as http://127.0.0.1:4317 \
+             (grpc) or http://127.0.0.1:4318 (http/protobuf)"
         ));
     }
     if cfg.request_timeout.is_zero() {
@@ -157,6 +161,12 @@ pub(super) fn validate(cfg: &ServeConfig) -> Result<EngineKind, ServeError> {
     }
     if cfg.profile_max_events == 0 {
         return bad("the profile event cap must be at least 1".into());
+    }
+    if cfg.profile_max_bytes < 4096 {
+        return bad(format!(
+            "--profile-max-bytes is {}; expected at least 4096",
+            cfg.profile_max_bytes
+        ));
     }
     if cfg.control_token.is_none() && !is_loopback_host(&cfg.host) {
         if !cfg.insecure_control {

@@ -252,6 +252,7 @@ pub async fn start(config: ServeConfig) -> Result<ServerHandle, ServeError> {
         control_token: config.control_token.clone(),
         profile_dir: config.profile_dir.clone(),
         profile_max_events: config.profile_max_events,
+        profile_max_bytes: config.profile_max_bytes,
         tracing: tracer.clone(),
     });
     let grpc = match config.grpc_port {

@@ -50,6 +50,8 @@ pub struct Service {
     pub profile_dir: Option<PathBuf>,
     /// Most events one on-demand profile keeps.
     pub profile_max_events: usize,
+    /// Most bytes one on-demand profile holds.
+    pub profile_max_bytes: usize,
     /// OpenTelemetry tracing (`None`: off).
     pub tracing: Option<Arc<Tracing>>,
 }
