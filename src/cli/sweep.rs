@@ -40,6 +40,11 @@ pub enum SweepCommand {
         /// Threads (overrides the file's `threads_per_run`; RAYON_NUM_THREADS wins over both).
         #[arg(long = "threads", alias = "threads-per-run", value_name = "N")]
         threads_per_run: Option<usize>,
+        /// `key.path=value` overrides placing this member, applied after its own (as `kiln
+        /// train --set`), e.g. `export.dir=/work/checkpoints` for a writable run directory.
+        /// Not part of the sweep id; a key the sweep file sets is refused.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
     },
     /// The right-sizing answer from the registry the members ran into (exit 1 while some
     /// member has not finished).
@@ -107,6 +112,7 @@ pub fn dispatch(command: SweepCommand) -> CliResult {
             index,
             registry,
             threads_per_run,
+            set,
         } => {
             let spec = SweepSpec::load(&file).map_err(CliError::input)?;
             let index = match index {
@@ -120,10 +126,18 @@ pub fn dispatch(command: SweepCommand) -> CliResult {
                         ))
                     })?,
             };
-            let registry = registry_of(&spec, registry)?;
             let plan = kiln::track::sweep::plan(&spec, &file).map_err(sweep_error)?;
+            let set = kiln::track::sweep::placement_overrides(&plan, &set).map_err(sweep_error)?;
+            // The default registry follows a moved `export.dir`.
+            let registry = match registry {
+                Some(r) => r,
+                None => config::load_with_overrides(&spec.base, set)
+                    .map_err(CliError::input)?
+                    .config
+                    .registry_path(),
+            };
             let threads = threads_per_run.unwrap_or(spec.threads_per_run).max(1);
-            let outcome = kiln::track::sweep::run_index(&plan, index, &registry, threads)
+            let outcome = kiln::track::sweep::run_index(&plan, index, &registry, threads, set)
                 .map_err(sweep_error)?;
             match &outcome {
                 IndexOutcome::AlreadyFinished { run_id } => eprintln!(

@@ -483,3 +483,539 @@ fn the_core_objects_validate_against_the_kubernetes_schemas() {
     std::fs::write(&bad, text.replace("readinessProbe:", "readynessProbe:")).unwrap();
     assert!(!run(&[bad]).status.success(), "a misspelt field passed");
 }
+
+// ---------------------------------------------------------------------------------------
+// Pod Security Standards, "restricted" profile.
+//
+// The rules are those of the official list, https://kubernetes.io/docs/concepts/security/
+// pod-security-standards/ (policy version "latest", Kubernetes 1.33), as enforced by the
+// Pod Security Admission controller (k8s.io/pod-security-admission, policy/check_*.go). No
+// evaluator of them ships on a registry this build can use (the official one is a Go
+// module; kyverno, kubesec and polaris are Go binaries), so the rules are written out here,
+// one function per rule, each with a negative fixture below proving it rejects a
+// non-compliant pod. "Containers" means containers, initContainers and ephemeralContainers.
+//
+// Baseline (which restricted includes):
+//   hostProcess       windowsOptions.hostProcess unset or false (pod and containers)
+//   hostNamespaces    hostNetwork, hostPID, hostIPC unset or false
+//   privileged        securityContext.privileged unset or false
+//   capabilities      (restricted tightens this, below)
+//   hostPathVolumes   no hostPath volume
+//   hostPorts         ports[*].hostPort unset or 0
+//   appArmor          appArmorProfile.type unset, RuntimeDefault or Localhost (pod and
+//                     containers); the legacy annotations runtime/default or localhost/*
+//   seLinux           seLinuxOptions.type unset or container_t, container_init_t,
+//                     container_kvm_t, container_engine_t; .user and .role unset
+//   procMount         unset or Default
+//   seccomp           seccompProfile.type not Unconfined (pod and containers)
+//   sysctls           only the safe set (see SAFE_SYSCTLS)
+// Restricted:
+//   volumeTypes       only configMap, csi, downwardAPI, emptyDir, ephemeral,
+//                     persistentVolumeClaim, projected, secret
+//   privilegeEscalation  allowPrivilegeEscalation: false on every container
+//   runAsNonRoot      pod runAsNonRoot: true, or every container's; no container false
+//   runAsUser         runAsUser not 0 (pod and containers)
+//   seccompRestricted pod seccompProfile.type RuntimeDefault or Localhost, or every
+//                     container's
+//   capabilitiesRestricted  every container drops ALL and adds nothing but NET_BIND_SERVICE
+//
+// On top of the profile, kiln's own rules for the shipped objects (what a platform team
+// asks for beyond admission): explicit non-zero runAsUser/runAsGroup/fsGroup on the pod, a
+// read-only root file system on every container, and a writable /tmp volume.
+// ---------------------------------------------------------------------------------------
+
+/// The sysctls the baseline profile allows.
+const SAFE_SYSCTLS: &[&str] = &[
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+];
+
+/// The volume sources the restricted profile allows.
+const RESTRICTED_VOLUMES: &[&str] = &[
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+];
+
+/// Every container of a pod spec (containers, initContainers, ephemeralContainers).
+fn all_containers(spec: &Value) -> Vec<&Value> {
+    ["containers", "initContainers", "ephemeralContainers"]
+        .iter()
+        .flat_map(|k| spec[*k].as_array().into_iter().flatten())
+        .collect()
+}
+
+/// The names of the restricted-profile rules (and kiln's own) that the pod `spec` with pod
+/// `annotations` breaks; empty when it complies.
+fn restricted_violations(spec: &Value, annotations: &Value) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    let mut fail = |rule: &'static str, broken: bool| {
+        if broken && !out.contains(&rule) {
+            out.push(rule);
+        }
+    };
+    let pod = &spec["securityContext"];
+    let containers = all_containers(spec);
+    let ctx = |c: &Value| c["securityContext"].clone();
+    let is_true = |v: &Value| v.as_bool() == Some(true);
+    let is_false = |v: &Value| v.as_bool() == Some(false);
+    // Pod and container security contexts, for the rules that apply to both.
+    let mut contexts: Vec<Value> = vec![pod.clone()];
+    contexts.extend(containers.iter().map(|c| ctx(c)));
+
+    // Baseline.
+    fail(
+        "hostProcess",
+        contexts
+            .iter()
+            .any(|s| is_true(&s["windowsOptions"]["hostProcess"])),
+    );
+    fail(
+        "hostNamespaces",
+        ["hostNetwork", "hostPID", "hostIPC"]
+            .iter()
+            .any(|k| is_true(&spec[*k])),
+    );
+    fail(
+        "privileged",
+        containers.iter().any(|c| is_true(&ctx(c)["privileged"])),
+    );
+    fail(
+        "hostPathVolumes",
+        spec["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v.get("hostPath").is_some()),
+    );
+    fail(
+        "hostPorts",
+        containers.iter().any(|c| {
+            c["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|p| p["hostPort"].as_u64().is_some_and(|h| h != 0))
+        }),
+    );
+    let apparmor_ok = |s: &Value| {
+        matches!(
+            s["appArmorProfile"]["type"].as_str(),
+            None | Some("RuntimeDefault" | "Localhost")
+        )
+    };
+    let annotation_ok = |(k, v): (&String, &Value)| {
+        !k.starts_with("container.apparmor.security.beta.kubernetes.io/")
+            || v.as_str()
+                .is_some_and(|v| v == "runtime/default" || v.starts_with("localhost/"))
+    };
+    fail(
+        "appArmor",
+        !contexts.iter().all(apparmor_ok)
+            || !annotations
+                .as_object()
+                .is_none_or(|a| a.iter().all(annotation_ok)),
+    );
+    fail(
+        "seLinux",
+        contexts.iter().any(|s| {
+            let o = &s["seLinuxOptions"];
+            !matches!(
+                o["type"].as_str(),
+                None | Some(
+                    "container_t" | "container_init_t" | "container_kvm_t" | "container_engine_t"
+                )
+            ) || !o["user"].is_null()
+                || !o["role"].is_null()
+        }),
+    );
+    fail(
+        "procMount",
+        containers
+            .iter()
+            .any(|c| !matches!(ctx(c)["procMount"].as_str(), None | Some("Default"))),
+    );
+    fail(
+        "seccomp",
+        contexts
+            .iter()
+            .any(|s| s["seccompProfile"]["type"] == "Unconfined"),
+    );
+    fail(
+        "sysctls",
+        pod["sysctls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| !SAFE_SYSCTLS.contains(&s["name"].as_str().unwrap_or(""))),
+    );
+
+    // Restricted.
+    fail(
+        "volumeTypes",
+        spec["volumes"].as_array().into_iter().flatten().any(|v| {
+            v.as_object().is_none_or(|o| {
+                o.keys()
+                    .filter(|k| *k != "name")
+                    .any(|k| !RESTRICTED_VOLUMES.contains(&k.as_str()))
+            })
+        }),
+    );
+    fail(
+        "privilegeEscalation",
+        containers
+            .iter()
+            .any(|c| !is_false(&ctx(c)["allowPrivilegeEscalation"])),
+    );
+    fail(
+        "runAsNonRoot",
+        containers.iter().any(|c| is_false(&ctx(c)["runAsNonRoot"]))
+            || !(is_true(&pod["runAsNonRoot"])
+                || containers.iter().all(|c| is_true(&ctx(c)["runAsNonRoot"]))),
+    );
+    fail(
+        "runAsUser",
+        contexts.iter().any(|s| s["runAsUser"].as_u64() == Some(0)),
+    );
+    let seccomp_set = |s: &Value| {
+        matches!(
+            s["seccompProfile"]["type"].as_str(),
+            Some("RuntimeDefault" | "Localhost")
+        )
+    };
+    fail(
+        "seccompRestricted",
+        !(seccomp_set(pod) || containers.iter().all(|c| seccomp_set(&ctx(c))))
+            || containers.iter().any(|c| {
+                let t = &ctx(c)["seccompProfile"]["type"];
+                !t.is_null() && !seccomp_set(&ctx(c))
+            }),
+    );
+    fail(
+        "capabilitiesRestricted",
+        containers.iter().any(|c| {
+            let caps = &ctx(c)["capabilities"];
+            let drops_all = caps["drop"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|x| x == "ALL"));
+            let adds_only_bind = caps["add"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .all(|x| x == "NET_BIND_SERVICE");
+            !drops_all || !adds_only_bind
+        }),
+    );
+
+    // kiln's own.
+    fail(
+        "kilnPodIdentity",
+        ["runAsUser", "runAsGroup", "fsGroup"]
+            .iter()
+            .any(|k| pod[*k].as_u64().is_none_or(|id| id == 0)),
+    );
+    fail(
+        "kilnReadOnlyRoot",
+        containers
+            .iter()
+            .any(|c| !is_true(&ctx(c)["readOnlyRootFilesystem"])),
+    );
+    fail(
+        "kilnWritableTmp",
+        spec["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                !c["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m["mountPath"] == "/tmp" && !is_true(&m["readOnly"]))
+            }),
+    );
+    out
+}
+
+/// The annotations of a workload's pods.
+fn pod_annotations(obj: &Value) -> &Value {
+    match obj["kind"].as_str().unwrap() {
+        "CronJob" => &obj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"],
+        "Deployment" | "Job" => &obj["spec"]["template"]["metadata"]["annotations"],
+        _ => &obj["metadata"]["annotations"],
+    }
+}
+
+/// JSON pointers of every `containers` list in `v` (where pod specs are).
+fn container_lists(v: &Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            for (k, x) in o {
+                let here = format!("{at}/{k}");
+                if k == "containers" {
+                    out.push(here.clone());
+                }
+                container_lists(x, &here, out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                container_lists(x, &format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn every_workload_meets_pod_security_restricted() {
+    let mut workloads = 0;
+    for f in FILES {
+        let obj = k8s(f);
+        let mut lists = Vec::new();
+        container_lists(&obj, "", &mut lists);
+        if lists.is_empty() {
+            continue;
+        }
+        // Every pod spec in the file is one the check below reaches.
+        let spec = pod_spec(&obj);
+        assert_eq!(lists.len(), 1, "{f}: pod specs at {lists:?}");
+        assert!(
+            std::ptr::eq(obj.pointer(&lists[0]).unwrap(), &spec["containers"]),
+            "{f}: a pod spec at {} the policy check does not read",
+            lists[0]
+        );
+        let broken = restricted_violations(spec, pod_annotations(&obj));
+        assert!(broken.is_empty(), "{f} breaks {broken:?}");
+        workloads += 1;
+    }
+    // serve Deployment, retrain CronJob, sweep Job, KServe predictor.
+    assert_eq!(workloads, 4);
+
+    // Where kiln writes is a writable volume: the promoter's repository, the sweep's and
+    // the retraining's run roots (the root file system is read-only).
+    let writable = |obj: &Value, path: &str| {
+        pod_spec(obj)["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| path.starts_with(m["mountPath"].as_str().unwrap()) && m["readOnly"] != true)
+    };
+    let cron = k8s("retrain-cronjob.yaml");
+    for inv in invocations(container(&cron)) {
+        for t in &inv {
+            if let Some(dir) = t.strip_prefix("export.dir=") {
+                assert!(writable(&cron, dir), "retrain writes {dir}");
+            }
+        }
+        if let Some(repo) = flag_value(&inv, "--repository") {
+            assert!(writable(&cron, repo), "promote writes {repo}");
+        }
+    }
+    let job = k8s("sweep-job.yaml");
+    let inv = &invocations(container(&job))[0];
+    let dir = flag_value(inv, "--set")
+        .and_then(|s| s.strip_prefix("export.dir="))
+        .expect("the sweep places its run directory with --set export.dir=…");
+    assert!(writable(&job, dir), "the sweep writes {dir}");
+}
+
+#[test]
+fn the_restricted_check_rejects_each_broken_rule() {
+    let deploy = k8s("serve-deployment.yaml");
+    let good = pod_spec(&deploy).clone();
+    assert!(restricted_violations(&good, &Value::Null).is_empty());
+    // (the rules broken, `+`-separated; JSON pointer into the pod spec; the value set there).
+    // A hostPath volume breaks the restricted volume list as well, and an Unconfined
+    // container seccomp profile both seccomp rules, as in the admission controller.
+    let c = "/containers/0/securityContext";
+    let cases: Vec<(&str, String, Value)> = vec![
+        (
+            "hostProcess",
+            "/securityContext/windowsOptions".into(),
+            serde_json::json!({"hostProcess": true}),
+        ),
+        ("hostNamespaces", "/hostNetwork".into(), true.into()),
+        ("hostNamespaces", "/hostPID".into(), true.into()),
+        ("hostNamespaces", "/hostIPC".into(), true.into()),
+        ("privileged", format!("{c}/privileged"), true.into()),
+        (
+            "hostPathVolumes+volumeTypes",
+            "/volumes/1".into(),
+            serde_json::json!({"name": "tmp", "hostPath": {"path": "/tmp"}}),
+        ),
+        (
+            "hostPorts",
+            "/containers/0/ports/0/hostPort".into(),
+            8000.into(),
+        ),
+        (
+            "appArmor",
+            format!("{c}/appArmorProfile"),
+            serde_json::json!({"type": "Unconfined"}),
+        ),
+        (
+            "seLinux",
+            "/securityContext/seLinuxOptions".into(),
+            serde_json::json!({"type": "spc_t"}),
+        ),
+        (
+            "seLinux",
+            format!("{c}/seLinuxOptions"),
+            serde_json::json!({"user": "system_u"}),
+        ),
+        ("procMount", format!("{c}/procMount"), "Unmasked".into()),
+        (
+            "seccomp+seccompRestricted",
+            format!("{c}/seccompProfile"),
+            serde_json::json!({"type": "Unconfined"}),
+        ),
+        (
+            "sysctls",
+            "/securityContext/sysctls".into(),
+            serde_json::json!([{"name": "kernel.msgmax", "value": "65536"}]),
+        ),
+        (
+            "volumeTypes",
+            "/volumes/1".into(),
+            serde_json::json!({"name": "tmp", "nfs": {"server": "x", "path": "/"}}),
+        ),
+        (
+            "privilegeEscalation",
+            format!("{c}/allowPrivilegeEscalation"),
+            true.into(),
+        ),
+        (
+            "privilegeEscalation",
+            format!("{c}/allowPrivilegeEscalation"),
+            Value::Null,
+        ),
+        (
+            "runAsNonRoot",
+            "/securityContext/runAsNonRoot".into(),
+            false.into(),
+        ),
+        ("runAsNonRoot", format!("{c}/runAsNonRoot"), false.into()),
+        ("runAsUser", format!("{c}/runAsUser"), 0.into()),
+        (
+            "seccompRestricted",
+            "/securityContext/seccompProfile".into(),
+            Value::Null,
+        ),
+        (
+            "capabilitiesRestricted",
+            format!("{c}/capabilities"),
+            serde_json::json!({"drop": ["NET_RAW"]}),
+        ),
+        (
+            "capabilitiesRestricted",
+            format!("{c}/capabilities"),
+            serde_json::json!({"drop": ["ALL"], "add": ["SYS_ADMIN"]}),
+        ),
+        (
+            "kilnPodIdentity",
+            "/securityContext/fsGroup".into(),
+            0.into(),
+        ),
+        (
+            "kilnPodIdentity",
+            "/securityContext/runAsGroup".into(),
+            Value::Null,
+        ),
+        (
+            "kilnReadOnlyRoot",
+            format!("{c}/readOnlyRootFilesystem"),
+            false.into(),
+        ),
+        (
+            "kilnWritableTmp",
+            "/containers/0/volumeMounts/1/readOnly".into(),
+            true.into(),
+        ),
+    ];
+    for (rule, pointer, value) in cases {
+        let mut spec = good.clone();
+        let (parent, key) = pointer.rsplit_once('/').unwrap();
+        let slot = spec
+            .pointer_mut(parent)
+            .unwrap_or_else(|| panic!("{rule}: no {parent} in the Deployment's pod spec"));
+        match slot {
+            Value::Object(o) => {
+                o.insert(key.to_string(), value);
+            }
+            Value::Array(a) => a[key.parse::<usize>().unwrap()] = value,
+            _ => panic!("{rule}: {parent} is not a container"),
+        }
+        assert_eq!(
+            restricted_violations(&spec, &Value::Null),
+            rule.split('+').collect::<Vec<_>>(),
+            "{rule} at {pointer}"
+        );
+    }
+    // An init container is a container too; the legacy AppArmor annotation is read.
+    let mut spec = good.clone();
+    let mut init = spec["containers"][0].clone();
+    init["securityContext"]["allowPrivilegeEscalation"] = true.into();
+    spec["initContainers"] = serde_json::json!([init]);
+    assert_eq!(
+        restricted_violations(&spec, &Value::Null),
+        ["privilegeEscalation"]
+    );
+    let unconfined = serde_json::json!({
+        "container.apparmor.security.beta.kubernetes.io/kiln": "unconfined"
+    });
+    assert_eq!(restricted_violations(&good, &unconfined), ["appArmor"]);
+}
+
+#[test]
+fn the_image_runs_as_a_numeric_user_owning_its_working_directories() {
+    let text = std::fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
+    let runtime = text.rsplit("\nFROM ").next().unwrap();
+    // Numeric uid:gid (runAsNonRoot can only verify a numeric user), matching the pods'.
+    let user = runtime
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("USER "))
+        .expect("a USER line");
+    let (uid, gid) = user.split_once(':').expect("USER uid:gid");
+    let (uid, gid): (u64, u64) = (uid.parse().unwrap(), gid.parse().unwrap());
+    assert!(uid != 0 && gid != 0, "USER {user}");
+    for f in [
+        "serve-deployment.yaml",
+        "retrain-cronjob.yaml",
+        "sweep-job.yaml",
+    ] {
+        let obj = k8s(f);
+        let pod = &pod_spec(&obj)["securityContext"];
+        assert_eq!(pod["runAsUser"].as_u64(), Some(uid), "{f}");
+        assert_eq!(pod["runAsGroup"].as_u64(), Some(gid), "{f}");
+    }
+    // The working directory, its default run root and the scratch/repository mount points
+    // are chowned to the user (a `chown` line naming each).
+    let workdir = runtime
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("WORKDIR "))
+        .expect("a WORKDIR");
+    let chowned: Vec<&str> = runtime
+        .split("chown ")
+        .skip(1)
+        .flat_map(|s| s.lines().next().unwrap_or("").split_whitespace().skip(1))
+        .collect();
+    let run_root = format!("{workdir}/checkpoints");
+    for dir in [workdir, run_root.as_str(), "/work", "/models"] {
+        assert!(chowned.contains(&dir), "{dir} is not chowned: {chowned:?}");
+    }
+}

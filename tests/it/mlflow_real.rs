@@ -222,6 +222,13 @@ fn expected_artifacts(run_dir: &Path) -> BTreeMap<String, PathBuf> {
             out.insert(name.to_string(), run_dir.join(name));
         }
     }
+    // The calibration pictures.
+    for e in std::fs::read_dir(run_dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("calibration_") && (name.ends_with(".png") || name.ends_with(".svg")) {
+            out.insert(name, e.path());
+        }
+    }
     fn walk(dir: &Path, prefix: &str, out: &mut BTreeMap<String, PathBuf>) {
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let p = e.path();
@@ -456,6 +463,16 @@ fn a_training_run_is_mirrored_completely() {
         assert!(
             expected.contains_key(must),
             "{must} missing from the run dir"
+        );
+    }
+    // The calibration pictures are among them.
+    for ext in [".png", ".svg"] {
+        assert!(
+            listed
+                .keys()
+                .any(|k| k.starts_with("calibration_") && k.ends_with(ext)),
+            "no calibration {ext} among {:?}",
+            listed.keys()
         );
     }
     assert_eq!(
@@ -778,4 +795,177 @@ fn a_sweep_shows_each_members_mlflow_warning() {
         .filter(|l| l.starts_with("    ") && l.contains("MLflow mirror disabled"))
         .count();
     assert_eq!(member_warnings, 2, "{stderr}");
+}
+
+/// `kiln promote` of a run's export into a fresh repository `repo` as model `model`, with
+/// `env`; returns its output.
+fn promote(run_dir: &Path, repo: &Path, model: &str, reg: &Path, env: &[(&str, &str)]) -> Output {
+    kiln(
+        &[
+            "promote",
+            "--checkpoint",
+            run_dir.join("export").to_str().unwrap(),
+            "--repository",
+            repo.to_str().unwrap(),
+            "--model",
+            model,
+            "--registry",
+            reg.to_str().unwrap(),
+            "--latency-ms",
+            "50",
+            "--json",
+        ],
+        env,
+    )
+}
+
+#[test]
+#[ignore = "needs MLflow: KILN_TEST_MLFLOW_URI (.ci/mlflow.sh)"]
+fn a_promotion_registers_the_served_version_in_the_model_registry() {
+    let api = server("a_promotion_registers_the_served_version_in_the_model_registry");
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny(
+        tmp.path(),
+        &[("epochs: 3", "epochs: 1"), ("epochs: 2", "epochs: 1")],
+    );
+    let reg = tmp.path().join("runs.db");
+    let exp = experiment("registry");
+    let env = [
+        ("MLFLOW_TRACKING_URI", api.base.as_str()),
+        ("MLFLOW_EXPERIMENT_NAME", exp.as_str()),
+        ("KILN_MLFLOW_MODEL_ALIAS", "champion"),
+    ];
+    let out = kiln(
+        &[
+            "train",
+            cfg.to_str().unwrap(),
+            "-q",
+            "--registry",
+            reg.to_str().unwrap(),
+        ],
+        &env,
+    );
+    ok(&out);
+    let run_dir = run_dir_of(&out);
+    let run_id = mlflow_run_id(&run_dir);
+    // The calibration pictures reached the run's artifacts.
+    let mut listed = BTreeMap::new();
+    api.artifacts(&run_id, "", &mut listed);
+    for ext in [".png", ".svg"] {
+        assert!(
+            listed
+                .keys()
+                .any(|k| k.starts_with("calibration_") && k.ends_with(ext)),
+            "no calibration {ext} in {:?}",
+            listed.keys()
+        );
+    }
+
+    let repo = tmp.path().join("models");
+    // A model name of this test's own: the server may be shared by other tests.
+    let model = format!("kiln-test-{}", std::process::id());
+    let p = promote(&run_dir, &repo, &model, &reg, &env);
+    ok(&p);
+    let promotion: Value = serde_json::from_slice(&p.stdout).unwrap();
+    assert_eq!(promotion["version"], 1, "{promotion}");
+    let registered = &promotion["mlflow"]["registered"];
+    assert!(registered.is_object(), "{promotion}");
+
+    // What an MLflow user sees: the alias points at the version, with its source and tags.
+    let got = api.get(&format!(
+        "/api/2.0/mlflow/registered-models/alias?name={model}&alias=champion"
+    ));
+    let v = &got["model_version"];
+    assert_eq!(v["name"], model.as_str(), "{got}");
+    assert_eq!(v["version"], registered["version"], "{got}");
+    assert_eq!(v["source"], format!("runs:/{run_id}/export"), "{got}");
+    assert_eq!(v["run_id"], run_id.as_str(), "{got}");
+    assert!(
+        v["aliases"]
+            .as_array()
+            .is_some_and(|a| a.contains(&Value::from("champion"))),
+        "{got}"
+    );
+    let tags: BTreeMap<String, String> = v["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["key"].as_str().unwrap().to_string(),
+                t["value"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(run_dir.join("export/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    let installed = std::path::absolute(repo.join(&model).join("1")).unwrap();
+    assert_eq!(
+        tags["kiln.repository_path"],
+        installed.display().to_string()
+    );
+    assert_eq!(tags["kiln.repository_version"], "1");
+    assert_eq!(
+        tags["kiln.checkpoint_sha256"],
+        manifest["weights"]["sha256"].as_str().unwrap()
+    );
+    assert_eq!(
+        tags["kiln.run_id"],
+        run_dir.file_name().unwrap().to_string_lossy()
+    );
+    assert_eq!(tags["kiln.version"], env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn a_promotion_succeeds_when_the_model_registry_is_unreachable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny(
+        tmp.path(),
+        &[("epochs: 3", "epochs: 1"), ("epochs: 2", "epochs: 1")],
+    );
+    let reg = tmp.path().join("runs.db");
+    let out = kiln(
+        &[
+            "train",
+            cfg.to_str().unwrap(),
+            "-q",
+            "--plain",
+            "--registry",
+            reg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    ok(&out);
+    let uri = dead_uri();
+    let repo = tmp.path().join("models");
+    let p = promote(
+        &run_dir_of(&out),
+        &repo,
+        "baseball",
+        &reg,
+        &[("MLFLOW_TRACKING_URI", &uri)],
+    );
+    let stderr = ok(&p);
+    assert!(stderr.contains("not registered"), "a warning: {stderr}");
+    let promotion: Value = serde_json::from_slice(&p.stdout).unwrap();
+    assert_eq!(promotion["version"], 1);
+    assert!(repo.join("baseball/1/manifest.json").is_file());
+    let m = &promotion["mlflow"];
+    assert_eq!(m["tracking_uri"], uri.as_str());
+    assert!(m["registered"].is_null());
+    assert!(m["error"].as_str().unwrap().contains(&uri), "{m}");
+    // The promotion's registry row records it too.
+    let rows = kiln::track::registry::Registry::open(&reg)
+        .unwrap()
+        .promotions(None)
+        .unwrap();
+    let row = rows.last().unwrap();
+    let details = row
+        .details
+        .mlflow
+        .as_ref()
+        .expect("recorded in the details");
+    assert!(details.error.as_deref().unwrap().contains(&uri));
 }

@@ -238,3 +238,72 @@ fn indexed_sweep(postgres: bool) {
         }
     }
 }
+
+#[test]
+fn sweep_run_set_places_a_member_without_changing_the_sweep() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = sweep_in(tmp.path());
+    let file = sweep.to_str().unwrap();
+    let plan = kiln(&["sweep", "plan", file, "--json"]);
+    assert!(plan.status.success(), "{}", stderr(&plan));
+    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let sweep_id = plan["sweep_id"].as_str().unwrap();
+    let registry = tmp.path().join("reg.db");
+    let registry = registry.to_str().unwrap();
+    // A writable place elsewhere (what the Kubernetes Job mounts at /work).
+    let moved = tmp.path().join("mounted/checkpoints");
+    let set = format!("export.dir={}", moved.display());
+    let o = kiln(&[
+        "sweep",
+        "run",
+        file,
+        "--index",
+        "0",
+        "--registry",
+        registry,
+        "--set",
+        &set,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run_id = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    // The run directory is under the moved root, not the base config's export.dir …
+    assert!(moved.join("runs").join(&run_id).is_dir(), "{run_id}");
+    assert!(!tmp.path().join("out/runs").join(&run_id).exists());
+    // … and the member is the same member of the same sweep (placement is not identity).
+    let member = Registry::open(Path::new(registry))
+        .unwrap()
+        .sweep_member(sweep_id, 0)
+        .unwrap()
+        .expect("claimed");
+    assert_eq!(member.run_id, run_id);
+    let again = kiln(&["sweep", "run", file, "--index", "0", "--registry", registry]);
+    assert!(
+        stderr(&again).contains("already finished"),
+        "{}",
+        stderr(&again)
+    );
+
+    // A key the sweep file sets for its members is refused (bad input, naming the key),
+    // as is a malformed override; nothing runs.
+    for (bad, key) in [
+        ("model.activation=relu", "model.activation"),
+        ("stages[1].epochs=3", "stages[1].epochs"),
+        ("export.dir", "export.dir"),
+    ] {
+        let o = kiln(&[
+            "sweep",
+            "run",
+            file,
+            "--index",
+            "1",
+            "--registry",
+            registry,
+            "--set",
+            bad,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+        assert!(stderr(&o).contains(key), "{bad}: {}", stderr(&o));
+    }
+    let reg = Registry::open(Path::new(registry)).unwrap();
+    assert!(reg.sweep_member(sweep_id, 1).unwrap().is_none());
+}

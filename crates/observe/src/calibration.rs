@@ -32,27 +32,55 @@ pub fn file_stem(target: &str) -> String {
     format!("calibration_{safe}")
 }
 
-/// The figure of one target.
+impl TargetCalibration {
+    /// The mean |observed − nominal| coverage over the curve's levels (`None` without
+    /// finite points): one number for how far the reliability curve is from the diagonal.
+    pub fn mean_abs_gap(&self) -> Option<f64> {
+        let gaps: Vec<f64> = self
+            .coverage
+            .iter()
+            .filter(|(n, o)| n.is_finite() && o.is_finite())
+            .map(|(n, o)| (o - n).abs())
+            .collect();
+        (!gaps.is_empty()).then(|| gaps.iter().sum::<f64>() / gaps.len() as f64)
+    }
+}
+
+/// A coverage as a percentage with one decimal (`0.9134` → `91.3%`).
+pub fn percent(v: f64) -> String {
+    format!("{:.1}%", v * 100.0)
+}
+
+/// The figure of one target. The reliability panel shows its numbers: each level's observed
+/// coverage beside its point, and the mean |observed − nominal| in the panel's title.
 #[cfg(feature = "plots")]
 pub fn figure(split: &str, t: &TargetCalibration) -> super::plot::Figure {
     use super::plot::{Color, Figure, Panel, Series};
     let mut curve = vec![(0.0, 0.0)];
     curve.extend(t.coverage.iter().copied());
     curve.push((1.0, 1.0));
-    let reliability = Panel::new(
-        "reliability: central-interval coverage",
-        "nominal coverage",
-        "observed coverage",
-    )
-    .x_range(0.0, 1.0)
-    .y_range(0.0, 1.0)
-    .series(Series::line(
-        "perfect",
-        Color::GRAY,
-        vec![(0.0, 0.0), (1.0, 1.0)],
-    ))
-    .series(Series::line("model", Color::BLUE, curve.clone()))
-    .series(Series::scatter("", Color::BLUE, t.coverage.clone()));
+    let title = match t.mean_abs_gap() {
+        Some(g) => format!(
+            "reliability: central-interval coverage (mean |observed − nominal| {})",
+            percent(g)
+        ),
+        None => "reliability: central-interval coverage".to_string(),
+    };
+    let labels: Vec<String> = t
+        .coverage
+        .iter()
+        .map(|&(n, o)| format!("{} at {}", percent(o), percent(n)))
+        .collect();
+    let reliability = Panel::new(title, "nominal coverage", "observed coverage")
+        .x_range(0.0, 1.0)
+        .y_range(0.0, 1.0)
+        .series(Series::line(
+            "perfect",
+            Color::GRAY,
+            vec![(0.0, 0.0), (1.0, 1.0)],
+        ))
+        .series(Series::line("model", Color::BLUE, curve.clone()))
+        .series(Series::scatter("", Color::BLUE, t.coverage.clone()).labels(labels));
     let bins = t.pit_histogram.len().max(1);
     let w = 1.0 / bins as f64;
     // Stairs: each bin's density held across the bin.
@@ -110,6 +138,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_mean_gap_is_over_finite_levels() {
+        let t = TargetCalibration {
+            target: "y".into(),
+            coverage: vec![(0.5, 0.4), (0.9, 0.95), (0.8, f64::NAN)],
+            pit_histogram: vec![],
+        };
+        assert!((t.mean_abs_gap().unwrap() - 0.075).abs() < 1e-12);
+        let empty = TargetCalibration {
+            coverage: vec![],
+            ..t
+        };
+        assert_eq!(empty.mean_abs_gap(), None);
+        assert_eq!(percent(0.9134), "91.3%");
+    }
+
+    #[test]
     fn stems_are_safe_file_names() {
         assert_eq!(file_stem("hr_rate"), "calibration_hr_rate");
         assert_eq!(file_stem("a/b c"), "calibration_a_b_c");
@@ -123,6 +167,7 @@ mod tests {
             coverage: vec![(0.5, 0.46), (0.8, 0.79), (0.9, 0.91), (0.95, 0.96)],
             pit_histogram: vec![0.12, 0.1, 0.09, 0.1, 0.1, 0.1, 0.1, 0.09, 0.09, 0.11],
         };
+        let t2 = t.clone();
         let dir = tempfile::tempdir().unwrap();
         let files = write_figures(dir.path(), "test", &[t]).unwrap();
         assert_eq!(files.len(), 2);
@@ -137,6 +182,20 @@ mod tests {
             "test split calibration",
         ] {
             assert!(svg.contains(text), "{text}");
+        }
+        // The numbers: each level's observed coverage at its nominal, and the mean gap
+        // (|0.46−0.5| + |0.79−0.8| + |0.91−0.9| + |0.96−0.95|) / 4 = 0.0175.
+        let gap = t2.mean_abs_gap().unwrap();
+        assert!((gap - 0.0175).abs() < 1e-12, "{gap}");
+        let mean = format!("mean |observed − nominal| {}", percent(gap));
+        for text in [
+            "46.0% at 50.0%",
+            "79.0% at 80.0%",
+            "91.0% at 90.0%",
+            "96.0% at 95.0%",
+            mean.as_str(),
+        ] {
+            assert!(svg.contains(text), "{text}: {svg}");
         }
         let png = std::fs::read(dir.path().join("calibration_hr_rate.png")).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");

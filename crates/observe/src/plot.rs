@@ -1137,9 +1137,14 @@ fn draw_panel<DB: DrawingBackend>(
                 let c = (sw / 2.0) as i32;
                 // A square legend swatch: every `<circle>` in the SVG is a data point.
                 let r = r.max(1) as i32;
-                anno.legend(move |(x, y)| {
-                    Rectangle::new([(x + c - r, y - r), (x + c + r, y + r)], color.filled())
-                })
+                // Only a named series gets a legend row (plotters draws a row for any
+                // series with a swatch, even without a label: a blank entry).
+                if !s.name.is_empty() {
+                    anno.legend(move |(x, y)| {
+                        Rectangle::new([(x + c - r, y - r), (x + c + r, y + r)], color.filled())
+                    });
+                }
+                anno
             }
             kind => {
                 let path: Vec<Pt> = if kind == SeriesKind::Line {
@@ -1162,7 +1167,10 @@ fn draw_panel<DB: DrawingBackend>(
                     sw as i32,
                     color.stroke_width(width.min(legend_dot as u32).max(1)),
                 );
-                anno.legend(move |(x, y)| PathElement::new(vec![(x, y), (x + len, y)], lw))
+                if !s.name.is_empty() {
+                    anno.legend(move |(x, y)| PathElement::new(vec![(x, y), (x + len, y)], lw));
+                }
+                anno
             }
         };
         if !s.name.is_empty() {

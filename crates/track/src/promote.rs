@@ -58,8 +58,8 @@ use crate::util;
 
 // The gate's records, with the gate that makes them.
 pub use crate::promotion::{
-    BatchP50, Check, Decision, Gates, Measurement, Outcome, PromotionDecision, PromotionDetails,
-    Quality, RowLosses, TargetQuality,
+    BatchP50, Check, Decision, Gates, Measurement, MlflowRegistration, Outcome, PromotionDecision,
+    PromotionDetails, Quality, RowLosses, TargetQuality,
 };
 
 /// Why a promotion could not be decided or carried out.
@@ -957,6 +957,10 @@ pub struct Promotion {
     pub dry_run: bool,
     /// The registry row's id (None in a dry run).
     pub registry_id: Option<i64>,
+    /// The registration in MLflow's Model Registry (a promoted version with
+    /// `MLFLOW_TRACKING_URI` set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlflow: Option<MlflowRegistration>,
 }
 
 impl Promotion {
@@ -1012,8 +1016,76 @@ impl Promotion {
             s.push_str(&format!(" · pruned versions {:?}", self.pruned));
         }
         s.push('\n');
+        if let Some(m) = &self.mlflow {
+            match (&m.registered, &m.error) {
+                (Some(r), _) => s.push_str(&format!(
+                    "MLflow: registered model {} version {} (alias {}, source {}) at {}\n",
+                    r.name, r.version, r.alias, r.source, m.tracking_uri
+                )),
+                (None, e) => s.push_str(&format!(
+                    "MLflow: not registered at {}: {}\n",
+                    m.tracking_uri,
+                    e.as_deref().unwrap_or("unknown error")
+                )),
+            }
+        }
         s
     }
+}
+
+/// With MLflow tracking configured (`MLFLOW_TRACKING_URI`, MLflow's own variables), register
+/// version `version` of `model`, installed at `version_dir`, in MLflow's Model Registry
+/// ([`crate::mlflow::model_registry`]), linked to the training run's MLflow run when its run
+/// directory `run_dir` says it was mirrored to the same server. `None` without MLflow; a
+/// failure is a warning and an `error` in the result, never an error of the promotion.
+pub fn register_in_mlflow(
+    model: &str,
+    version_dir: &Path,
+    version: u64,
+    checkpoint: &Checkpoint,
+    run_dir: Option<&Path>,
+) -> Option<MlflowRegistration> {
+    use crate::mlflow::{Client, ClientOptions, MirrorState, model_registry};
+    let uri = std::env::var("MLFLOW_TRACKING_URI")
+        .ok()
+        .filter(|u| !u.trim().is_empty())?;
+    let mut out = MlflowRegistration {
+        tracking_uri: uri.clone(),
+        ..MlflowRegistration::default()
+    };
+    let client = match ClientOptions::from_env().and_then(|o| Client::with_options(&uri, &o)) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("MLflow: version {version} of {model} is not registered: {e}");
+            out.error = Some(e.to_string());
+            return Some(out);
+        }
+    };
+    // The training run's MLflow run, when it was mirrored to this server.
+    let mirrored = run_dir
+        .and_then(MirrorState::read)
+        .filter(|s| s.tracking_uri.trim_end_matches('/') == client.base_url());
+    let absolute = std::path::absolute(version_dir).unwrap_or_else(|_| version_dir.to_path_buf());
+    let alias = model_registry::alias_from_env();
+    let registration = model_registry::Registration {
+        name: model,
+        repository_path: &absolute,
+        repository_version: version,
+        checkpoint_sha256: &checkpoint.manifest.weights.sha256,
+        kiln_run_id: &checkpoint.manifest.run_id,
+        mlflow_run_id: mirrored.as_ref().map(|s| s.run_id.as_str()),
+        alias: &alias,
+    };
+    match model_registry::register(&client, &registration) {
+        Ok(r) => out.registered = Some(r),
+        Err(e) => {
+            tracing::warn!(
+                "MLflow: version {version} of {model} is promoted but not registered in the model registry: {e}"
+            );
+            out.error = Some(e.to_string());
+        }
+    }
+    Some(out)
 }
 
 fn check_model_name(name: &str) -> Result<(), PromoteError> {
@@ -1316,6 +1388,7 @@ fn promote_and_record(
         decision,
         dry_run: opts.dry_run,
         registry_id: None,
+        mlflow: None,
     };
     if opts.dry_run {
         return Ok(promotion);
@@ -1338,6 +1411,7 @@ fn promote_and_record(
             pruned: p.pruned.clone(),
             pid: Some(me),
             pid_start: util::process_start(me),
+            mlflow: p.mlflow.clone(),
             ..PromotionDetails::default()
         }
     };
@@ -1383,6 +1457,13 @@ fn promote_and_record(
         protect.extend(incumbent_version);
         promotion.pruned = prune(&model_dir, keep, &protect)?;
     }
+    promotion.mlflow = register_in_mlflow(
+        &opts.model,
+        &model_dir.join(v.to_string()),
+        v,
+        &cand,
+        cand_dir.parent(),
+    );
     registry.settle_promotion(
         id,
         PromotionDecision::Promoted,

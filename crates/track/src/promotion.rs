@@ -412,9 +412,27 @@ pub struct PromotionDetails {
     /// A `failed` night: why, in one line (the step's error message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The version's registration in MLflow's Model Registry (a promotion with MLflow
+    /// tracking configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlflow: Option<MlflowRegistration>,
     /// Keys this release does not know (written by a later one, or by hand): kept as they are.
     #[serde(flatten)]
     pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// What registering a promoted version in MLflow's Model Registry did: the version, or why
+/// it is missing (MLflow being unreachable never fails a promotion).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MlflowRegistration {
+    /// The tracking server.
+    pub tracking_uri: String,
+    /// The registered version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered: Option<crate::mlflow::model_registry::RegisteredVersion>,
+    /// Why it was not registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl PromotionDetails {

@@ -503,3 +503,34 @@ fn titles_are_left_out_when_circles_and_points_do_not_pair_up() {
         "<svg><circle r=\"1\"/>\n<circle r=\"2\"><title>b</title></circle>\n</svg>"
     );
 }
+
+#[test]
+fn an_unnamed_series_has_no_legend_entry() {
+    let pts = vec![(0.1, 0.2), (0.5, 0.4), (0.9, 0.95)];
+    let named = Panel::new("", "x", "y").series(Series::line("model", Color::BLUE, pts.clone()));
+    let with_unnamed = Panel::new("", "x", "y")
+        .series(Series::line("model", Color::BLUE, pts.clone()))
+        .series(Series::scatter("", Color::ORANGE, pts.clone()))
+        .series(Series::line("", Color::GREEN, pts.clone()));
+    let a = Figure::new("legend", 640, 480).panel(named).to_svg();
+    let b = Figure::new("legend", 640, 480).panel(with_unnamed).to_svg();
+    check_xml(&b).unwrap();
+    // The unnamed scatter adds its points (circles) but no square swatch, and the unnamed
+    // line no legend stroke: the legend is the same box with the same one row.
+    assert_eq!(b.matches("<circle").count(), 3);
+    assert_eq!(a.matches("<rect").count(), b.matches("<rect").count());
+    assert_eq!(
+        a.matches("<polyline").count() + 1,
+        b.matches("<polyline").count(),
+        "only the unnamed line's own stroke is added"
+    );
+    let named_scatter = Figure::new("legend", 640, 480)
+        .panel(
+            Panel::new("", "x", "y")
+                .series(Series::line("model", Color::BLUE, pts.clone()))
+                .series(Series::scatter("points", Color::ORANGE, pts)),
+        )
+        .to_svg();
+    // A named scatter does get one (the check above can see a swatch).
+    assert!(named_scatter.matches("<rect").count() > a.matches("<rect").count());
+}

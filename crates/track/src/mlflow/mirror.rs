@@ -41,7 +41,7 @@
 //! | tags `kiln.run_id`, `kiln.run_dir`, `kiln.config_sha256`, `kiln.host`, `kiln.pid`, `kiln.pid_start`, `kiln.git_dirty`, `kiln.failure_reason` | |
 //! | tag `kiln.mirror_incomplete` | at the end, when anything did not reach the server: how many metric values, params/tags/inputs and artifact files, and the first error |
 //! | dataset input | the data file: name, digest = first 32 hex digits of its SHA-256 (MLflow allows 36 characters; the full hash is in the profile), context `train` |
-//! | artifacts | `config.yaml`, `epochs.jsonl`, `resources.{png,svg,csv}`, `export/…` (weights and manifest), `profile/…` (trace and key averages, when the profiler ran) |
+//! | artifacts | `config.yaml`, `epochs.jsonl`, `resources.{png,svg,csv}`, `calibration_<target>.{png,svg}` (the reliability diagram and PIT histogram), `export/…` (weights and manifest), `profile/…` (trace and key averages, when the profiler ran) |
 //!
 //! Artifacts need a server that proxies its artifact store (`mlflow server
 //! --serve-artifacts`, the default since MLflow 2): the run's `artifact_uri` is
@@ -1164,8 +1164,9 @@ fn source_name(loaded: &LoadedConfig) -> String {
 }
 
 /// The artifact files of a run, as (artifact path, file): `config.yaml`, `epochs.jsonl`,
-/// `resources.{png,svg,csv}`, everything under `export/` and under the profiler's directory
-/// (as `profile/…`), when present.
+/// `resources.{png,svg,csv}`, the calibration pictures `calibration_<target>.{png,svg}`,
+/// everything under `export/` and under the profiler's directory (as `profile/…`), when
+/// present.
 pub fn artifact_files(run_dir: &Path, profile_dir: &Path) -> Vec<(String, PathBuf)> {
     let mut out = Vec::new();
     for name in [
@@ -1180,6 +1181,21 @@ pub fn artifact_files(run_dir: &Path, profile_dir: &Path) -> Vec<(String, PathBu
             out.push((name.to_string(), p));
         }
     }
+    // The calibration pictures (`calibration_<target>.{png,svg}`, written at the end of
+    // training beside the run's other files).
+    let mut pictures: Vec<(String, PathBuf)> = std::fs::read_dir(run_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let picture = name.starts_with("calibration_")
+                && (name.ends_with(".png") || name.ends_with(".svg"));
+            (picture && e.path().is_file()).then(|| (name, e.path()))
+        })
+        .collect();
+    pictures.sort();
+    out.extend(pictures);
     walk(&run_dir.join("export"), "export", &mut out);
     walk(profile_dir, "profile", &mut out);
     out
@@ -1373,7 +1389,15 @@ mod tests {
     fn artifact_files_cover_the_run_directory() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        for f in ["config.yaml", "epochs.jsonl", "resources.png", "steps.csv"] {
+        for f in [
+            "config.yaml",
+            "epochs.jsonl",
+            "resources.png",
+            "steps.csv",
+            "calibration_hr_rate.svg",
+            "calibration_hr_rate.png",
+            "calibration_notes.txt",
+        ] {
             std::fs::write(p.join(f), f).unwrap();
         }
         std::fs::create_dir_all(p.join("export/sub")).unwrap();
@@ -1391,6 +1415,8 @@ mod tests {
                 "config.yaml",
                 "epochs.jsonl",
                 "resources.png",
+                "calibration_hr_rate.png",
+                "calibration_hr_rate.svg",
                 "export/manifest.json",
                 "export/sub/w.bin",
                 "profile/trace.json"

@@ -82,6 +82,7 @@ use ureq::http;
 use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig, TlsProvider};
 
 mod mirror;
+pub mod model_registry;
 
 pub use mirror::{
     DEFAULT_FLUSH_TIMEOUT, ENV_PARENT_RUN_ID, FLUSH_TIMEOUT_ENV, INCOMPLETE_TAG, Mirror,
@@ -1748,6 +1749,111 @@ mod tests {
             log[0].path.ends_with("experiment_name=a%2Fb%20c"),
             "{}",
             log[0].path
+        );
+    }
+
+    #[test]
+    fn a_promoted_version_is_registered_with_its_source_tags_and_alias() {
+        use model_registry::{Registration, register};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap());
+        // The registered model exists already; the version is 4.
+        let log = serve(listener, |req, _| {
+            vec![match req.path.as_str() {
+                "/api/2.0/mlflow/registered-models/create" => response(
+                    400,
+                    &json!({"error_code": "RESOURCE_ALREADY_EXISTS", "message": "exists"}),
+                ),
+                "/api/2.0/mlflow/model-versions/create" => {
+                    response(200, &json!({"model_version": {"version": "4"}}))
+                }
+                _ => response(200, &json!({})),
+            }]
+        });
+        let client = Client::with_options(&uri, &fast()).unwrap();
+        let dir = std::path::Path::new("/models/baseball/7");
+        let mut r = Registration {
+            name: "baseball",
+            repository_path: dir,
+            repository_version: 7,
+            checkpoint_sha256: "abc123",
+            kiln_run_id: "baseball-1",
+            mlflow_run_id: Some("f00d"),
+            alias: "champion",
+        };
+        let got = register(&client, &r).unwrap();
+        assert_eq!(
+            (
+                got.version.as_str(),
+                got.source.as_str(),
+                got.alias.as_str()
+            ),
+            ("4", "runs:/f00d/export", "champion")
+        );
+        {
+            let log = log.lock().unwrap();
+            let paths: Vec<&str> = log.iter().map(|s| s.path.as_str()).collect();
+            assert_eq!(
+                paths,
+                [
+                    "/api/2.0/mlflow/registered-models/create",
+                    "/api/2.0/mlflow/model-versions/create",
+                    "/api/2.0/mlflow/registered-models/alias"
+                ]
+            );
+            let v = &log[1].body;
+            assert_eq!(v["name"], "baseball");
+            assert_eq!(v["source"], "runs:/f00d/export");
+            assert_eq!(v["run_id"], "f00d");
+            let tags: HashMap<&str, &str> = v["tags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| (t["key"].as_str().unwrap(), t["value"].as_str().unwrap()))
+                .collect();
+            assert_eq!(tags["kiln.repository_path"], "/models/baseball/7");
+            assert_eq!(tags["kiln.repository_version"], "7");
+            assert_eq!(tags["kiln.checkpoint_sha256"], "abc123");
+            assert_eq!(tags["kiln.run_id"], "baseball-1");
+            assert_eq!(tags["kiln.version"], env!("CARGO_PKG_VERSION"));
+            assert_eq!(
+                log[2].body,
+                json!({"name": "baseball", "alias": "champion", "version": "4"})
+            );
+        }
+        // Without a mirrored run: no run_id, the repository path as the source.
+        r.mlflow_run_id = None;
+        let got = register(&client, &r).unwrap();
+        assert_eq!(got.source, "kiln-repository:/models/baseball/7");
+        let log = log.lock().unwrap();
+        assert!(log[4].body.get("run_id").is_none(), "{}", log[4].body);
+    }
+
+    #[test]
+    fn a_registry_failure_is_an_error_naming_the_call() {
+        use model_registry::{Registration, register};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap());
+        let _log = serve(listener, |_, _| {
+            vec![response(
+                403,
+                &json!({"error_code": "PERMISSION_DENIED", "message": "no"}),
+            )]
+        });
+        let client = Client::with_options(&uri, &fast()).unwrap();
+        let r = Registration {
+            name: "m",
+            repository_path: std::path::Path::new("/r/m/1"),
+            repository_version: 1,
+            checkpoint_sha256: "x",
+            kiln_run_id: "k",
+            mlflow_run_id: None,
+            alias: "champion",
+        };
+        let e = register(&client, &r).unwrap_err().to_string();
+        assert!(
+            e.contains("registered-models/create") && e.contains("PERMISSION_DENIED"),
+            "{e}"
         );
     }
 

@@ -112,14 +112,53 @@ impl IndexOutcome {
     }
 }
 
+/// Check placement overrides (`kiln sweep run --set`) against `plan`: each must be
+/// `key=value` and name no key the sweep file sets for any member, since placement overrides
+/// are outside the sweep's id and must not change what a member trains. Returns them
+/// unchanged.
+pub fn placement_overrides<'a>(
+    plan: &SweepPlan,
+    extra: &'a [String],
+) -> Result<&'a [String], SweepError> {
+    let key_of = |o: &str| o.split_once('=').map(|(k, _)| k.trim().to_string());
+    for o in extra {
+        let Some(key) = key_of(o) else {
+            return Err(crate::config::ConfigError::Invalid {
+                path: plan.base.clone(),
+                key: o.clone(),
+                message: "expected --set key.path=value".into(),
+            }
+            .into());
+        };
+        let owned = plan
+            .runs
+            .iter()
+            .flat_map(|r| &r.overrides)
+            .any(|m| key_of(m).as_deref() == Some(key.as_str()));
+        if owned {
+            return Err(crate::config::ConfigError::Invalid {
+                path: plan.base.clone(),
+                key,
+                message: "the sweep file sets this key for its members; `kiln sweep run --set` only places a member (paths, workers), it may not change what the sweep trains".into(),
+            }
+            .into());
+        }
+    }
+    Ok(extra)
+}
+
 /// Run member `index` of `plan` into the registry at `registry` (a path or URL), in this
 /// process, with a global thread pool of `threads` threads when `RAYON_NUM_THREADS` does not
-/// say otherwise. Idempotent (see the module documentation).
+/// say otherwise. `extra` are placement overrides (e.g. `export.dir=/work/checkpoints`, where
+/// a pod can write), applied after the member's own and checked by
+/// [`placement_overrides`]; they are not part of the sweep id, so every pod of one sweep
+/// still agrees on it. Idempotent (see the module documentation).
 pub fn run_index(
     plan: &SweepPlan,
     index: usize,
     registry: &Path,
     threads: usize,
+    extra: &[String],
 ) -> Result<IndexOutcome, SweepError> {
     let Some(member) = plan.runs.get(index) else {
         return Err(SweepError::Index {
@@ -127,6 +166,7 @@ pub fn run_index(
             count: plan.runs.len(),
         });
     };
+    let extra = placement_overrides(plan, extra)?;
     let reg = Registry::open(registry)?;
     let reaped = reg.reap_stale()?;
     if reaped > 0 {
@@ -170,7 +210,8 @@ pub fn run_index(
             .num_threads(threads)
             .build_global();
     }
-    let loaded = config::load_with_overrides(&plan.base, &member.overrides)?;
+    let overrides: Vec<String> = member.overrides.iter().chain(extra).cloned().collect();
+    let loaded = config::load_with_overrides(&plan.base, &overrides)?;
     let resumed = resume.is_some();
     let run = TrainingRun::new(
         loaded,

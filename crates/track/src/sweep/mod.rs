@@ -22,7 +22,9 @@
 mod indexed;
 mod runner;
 
-pub use indexed::{IndexOutcome, PlannedRun, SweepPlan, plan, run_index, summarize};
+pub use indexed::{
+    IndexOutcome, PlannedRun, SweepPlan, placement_overrides, plan, run_index, summarize,
+};
 pub use runner::{
     InProcessLauncher, LaunchRequest, Launched, Launcher, Member, ProcessLauncher, SweepError,
     SweepOptions, SweepReport, run_sweep,
