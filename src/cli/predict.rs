@@ -5,7 +5,9 @@ use std::path::Path;
 use super::{CliError, CliResult};
 use kiln::artifact::Checkpoint;
 use kiln::infer::{EngineKind, build_engine};
-use kiln::predict::{PredictError, Predictor, max_delta_vs_fused, predict_csv, write_output};
+use kiln::predict::{
+    PredictError, Predictor, max_delta_vs_fused, predict_csv_counted, write_output,
+};
 
 /// Load a checkpoint once and predict every row of `input`.
 pub fn run(checkpoint: &Path, input: &Path, output: Option<&Path>, kind: EngineKind) -> CliResult {
@@ -25,16 +27,20 @@ pub fn run(checkpoint: &Path, input: &Path, output: Option<&Path>, kind: EngineK
         );
     }
     let mut predictor = Predictor::for_checkpoint(&ckpt, engine);
-    let (text, rows) = predict_csv(
-        &mut predictor,
-        input,
-        &ckpt.manifest.input_preprocessing(),
-        &ckpt.manifest.target_names(),
-    )
-    .map_err(|e| match e {
-        PredictError::Data(_) => CliError::input(e),
-        other => CliError::from(other),
-    })?;
+    let pre = ckpt.manifest.input_preprocessing();
+    let (text, rows, cells) =
+        predict_csv_counted(&mut predictor, input, &pre, &ckpt.manifest.target_names()).map_err(
+            |e| match e {
+                PredictError::Data(_) => CliError::input(e),
+                other => CliError::from(other),
+            },
+        )?;
+    // Never silent: one line naming the columns that met categories training did not have.
+    if let Some(unseen) = cells.unknown_summary(&pre) {
+        eprintln!(
+            "note: categories the training split did not have (predicted as the unknown bucket): {unseen}"
+        );
+    }
     write_output(&text, output)?;
     if let Some(out) = output {
         eprintln!(

@@ -146,6 +146,15 @@ pub struct ServeArgs {
     /// … and at least this many µs above it (the noise floor of µs-scale batches).
     #[arg(long, default_value_t = 20)]
     pub latency_watch_min_delta_us: u64,
+    /// Batches per batch bucket that learn its serving factor (live over the checkpoint's
+    /// hot-loop p50, at most --latency-watch-max-factor) before it is watched; 0: the recorded
+    /// p50 is the baseline as it is.
+    #[arg(long, default_value_t = 64)]
+    pub latency_watch_learn_batches: usize,
+    /// The largest serving factor a bucket may learn (a model slower than this times its
+    /// recorded p50 from the start is still flagged).
+    #[arg(long, default_value_t = 3.0)]
+    pub latency_watch_max_factor: f64,
     /// Export OpenTelemetry spans of inference requests (request, decode, queue wait, batch,
     /// compute, encode) to this OTLP collector: http://127.0.0.1:4317 for gRPC, or the base
     /// URL http://127.0.0.1:4318 for HTTP (`/v1/traces` is appended). A request's W3C
@@ -233,6 +242,8 @@ impl ServeArgs {
                 psi_threshold: self.drift_psi_threshold,
                 latency_ratio: self.latency_watch_ratio,
                 latency_min_delta: Duration::from_micros(self.latency_watch_min_delta_us),
+                latency_learn_batches: self.latency_watch_learn_batches,
+                latency_max_serving_factor: self.latency_watch_max_factor,
             },
             trace: kiln::serve::otel::TraceConfig {
                 endpoint: self.otlp_endpoint.clone(),
@@ -249,6 +260,11 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let repo = args.repository.display().to_string();
     let mode = args.model_control_mode;
     kiln::serve::run_blocking(args.config(), |addr, grpc| {
+        // Machine-readable, on stdout (one line per listener; logs stay on stderr).
+        println!("listening on http://{addr}");
+        if let Some(g) = grpc {
+            println!("listening on grpc://{g}");
+        }
         eprintln!(
             "kiln serve: {repo} on http://{addr} (Open Inference Protocol v2; metrics at /metrics; \
              model control: {mode})"

@@ -4,6 +4,7 @@
 
 mod architecture;
 mod calibration;
+mod cells;
 mod common;
 mod data;
 mod deploy;

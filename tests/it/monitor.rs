@@ -261,3 +261,50 @@ async fn the_alert_rules_pass_promtool_and_name_exported_metrics() {
     }
     h.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_model_at_light_load_stays_quiet_against_its_learned_serving_factor() {
+    // Requests one at a time, spaced 5 ms apart: isolated calls with cold caches, slower
+    // than the checkpoint's hot-loop p50. The watch learns that factor over the first 64
+    // batches and stays quiet; a 4 µs floor (not the default 20) so that the floor is not
+    // what keeps it quiet.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ckpt");
+    crate::common::copy_dir(crate::common::trained_measured(), &dir);
+    let (train, _, f) = splits();
+    let rows = bootstrap(&train, f, 320, 9);
+    let repo = repository_of(&dir);
+    let mut config = serve_config(repo.path(), "auto");
+    config.watch.latency_min_delta = Duration::from_micros(4);
+    let h = serve(config).await;
+    let mut c = client(&h);
+    for row in rows.chunks(f) {
+        send(&mut c, row, f).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let d = drift(&mut c).await;
+    let buckets = d["latency"].as_array().expect("the watch is on").clone();
+    let b1 = buckets
+        .iter()
+        .find(|b| b["batch"] == 1)
+        .expect("bucket 1 evaluated");
+    assert_eq!(b1["regressed"], false, "{b1}");
+    let factor = b1["serving_factor"].as_f64().unwrap();
+    assert!((1.0..=3.0).contains(&factor), "{b1}");
+    let text = c.get("/metrics").await.unwrap().text();
+    assert_eq!(
+        sample(
+            &text,
+            "kiln_latency_regression{model=\"tiny\",version=\"1\",batch=\"1\"}"
+        ),
+        Some(0.0)
+    );
+    assert!(
+        sample(
+            &text,
+            "kiln_latency_serving_factor{model=\"tiny\",version=\"1\",batch=\"1\"}"
+        )
+        .is_some()
+    );
+    h.shutdown().await.unwrap();
+}

@@ -738,3 +738,50 @@ fn the_nightly_drill_promotes_growing_data_and_refuses_a_corrupted_night() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// `kiln serve` prints where it listens on stdout, one machine-readable line per listener
+/// (`listening on http://ADDR`, `listening on grpc://ADDR`), and nothing else there.
+#[test]
+fn serve_prints_its_listening_addresses_on_stdout() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let repo = crate::common::repository_of(crate::common::trained());
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--instances",
+            "1",
+        ])
+        .arg("--repository")
+        .arg(repo.path())
+        .env_remove("KILN_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        lines.push(line.trim_end().to_string());
+    }
+    let http = lines[0]
+        .strip_prefix("listening on http://")
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    let grpc = lines[1]
+        .strip_prefix("listening on grpc://")
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    assert!(http.port() > 0 && grpc.port() > 0 && http.port() != grpc.port());
+    // The address works.
+    let ok = std::net::TcpStream::connect(http).is_ok();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(ok, "nothing listens on {http}");
+}

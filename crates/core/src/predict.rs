@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::artifact::{ArtifactError, Checkpoint};
-use crate::data::preprocess::{EncodeTable, Preprocessing};
+use crate::data::preprocess::{EncodeCounts, EncodeTable, Preprocessing};
 use crate::data::table::{CsvTable, DataError};
 use crate::infer::{EngineKind, InferError};
 use crate::util::write_atomic;
@@ -58,8 +58,21 @@ pub fn predict_csv(
     pre: &Preprocessing,
     targets: &[String],
 ) -> Result<(String, usize), PredictError> {
+    predict_csv_counted(predictor, input, pre, targets).map(|(text, rows, _)| (text, rows))
+}
+
+/// [`predict_csv`], also returning what encoding the rows met per input column: missing
+/// cells (imputed, or the unknown bucket) and categories the training split did not have
+/// ([`EncodeCounts::unknown_summary`] is the line `kiln predict` prints).
+pub fn predict_csv_counted(
+    predictor: &mut Predictor,
+    input: &Path,
+    pre: &Preprocessing,
+    targets: &[String],
+) -> Result<(String, usize, EncodeCounts), PredictError> {
     let table = CsvTable::read(input)?;
-    let x = pre.matrix(&table)?;
+    let mut counts = EncodeCounts::default();
+    let x = pre.matrix_counted(&table, Some(&mut counts))?;
     let inputs = pre.input_names();
     let passthrough: Vec<usize> = (0..table.header.len())
         .filter(|&i| !inputs.contains(&table.header[i]))
@@ -123,7 +136,7 @@ pub fn predict_csv(
             text.push('\n');
         }
     }
-    Ok((text, rows))
+    Ok((text, rows, counts))
 }
 
 fn csv_field(s: &str) -> String {

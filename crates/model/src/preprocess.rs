@@ -19,6 +19,12 @@ pub struct InputColumn {
     /// an error. Numeric columns only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub impute: Option<f64>,
+    /// Numeric columns without `impute` only: the value a missing cell gets at predict and
+    /// serve time (the training split's median; training itself had no missing cell in this
+    /// column). `None`: a missing cell is an error (`data.missing: refuse`, or an older
+    /// checkpoint). Not a network input change: a column with only a fallback stays plain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<f64>,
     /// Whether the network also sees a `<name>_missing` 0/1 feature.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub indicator: bool,
@@ -30,6 +36,10 @@ pub struct InputColumn {
     /// input 0) instead of being an error.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub missing_to_unknown: bool,
+    /// A categorical column only: values are matched to the vocabulary ignoring case
+    /// (`Rain` and `rain` are one category; the vocabulary holds them lower-cased).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub case_insensitive: bool,
 }
 
 impl InputColumn {
@@ -38,9 +48,22 @@ impl InputColumn {
         Self {
             name: name.to_string(),
             impute: None,
+            fallback: None,
             indicator: false,
             categories: None,
             missing_to_unknown: false,
+            case_insensitive: false,
+        }
+    }
+
+    /// A categorical value's position in the vocabulary (`None`: unknown, or numeric).
+    pub fn category_index(&self, value: &str) -> Option<usize> {
+        let cats = self.categories.as_ref()?;
+        if self.case_insensitive && value.chars().any(char::is_uppercase) {
+            let lower = value.to_lowercase();
+            cats.binary_search_by(|k| k.as_str().cmp(&lower)).ok()
+        } else {
+            cats.binary_search_by(|k| k.as_str().cmp(value)).ok()
         }
     }
 
@@ -53,8 +76,13 @@ impl InputColumn {
     pub fn accepts_missing(&self) -> bool {
         match self.categories {
             Some(_) => self.missing_to_unknown,
-            None => self.impute.is_some(),
+            None => self.missing_value().is_some(),
         }
+    }
+
+    /// The value a missing numeric cell gets: the imputation, else the serving fallback.
+    pub fn missing_value(&self) -> Option<f64> {
+        self.impute.or(self.fallback)
     }
 }
 
@@ -87,6 +115,55 @@ pub struct EncodeCounts {
     pub imputed: Vec<usize>,
     /// Categorical values not in the vocabulary.
     pub unknown: Vec<usize>,
+    /// Per input column, up to [`UNKNOWN_EXAMPLES`] distinct unknown values, in the order
+    /// first seen (for a summary line naming what was new).
+    pub unknown_examples: Vec<Vec<String>>,
+}
+
+/// Distinct unknown values [`EncodeCounts`] keeps per column.
+pub const UNKNOWN_EXAMPLES: usize = 3;
+
+impl EncodeCounts {
+    /// Missing cells of input `i` (imputed, or sent to the unknown bucket).
+    pub fn missing(&self, i: usize) -> usize {
+        self.imputed.get(i).copied().unwrap_or(0)
+    }
+
+    /// Values of input `i` outside the training vocabulary.
+    pub fn unknown(&self, i: usize) -> usize {
+        self.unknown.get(i).copied().unwrap_or(0)
+    }
+
+    /// Whether nothing was missing or unknown.
+    pub fn is_empty(&self) -> bool {
+        self.imputed.iter().all(|&n| n == 0) && self.unknown.iter().all(|&n| n == 0)
+    }
+
+    /// One line per categorical column that met categories the training split did not have:
+    /// `column: N rows (e.g. "x", "y")`, joined by `; ` (`None` when there were none).
+    pub fn unknown_summary(&self, pre: &Preprocessing) -> Option<String> {
+        let parts: Vec<String> = pre
+            .inputs
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| self.unknown(i) > 0)
+            .map(|(i, c)| {
+                let examples: Vec<String> = self
+                    .unknown_examples
+                    .get(i)
+                    .map(|v| v.iter().map(|e| format!("{e:?}")).collect())
+                    .unwrap_or_default();
+                format!(
+                    "{}: {} row{} (e.g. {})",
+                    c.name,
+                    self.unknown(i),
+                    if self.unknown(i) == 1 { "" } else { "s" },
+                    examples.join(", ")
+                )
+            })
+            .collect();
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
 }
 
 /// The text of an integer-valued number as a category (`3.0` → `"3"`).
@@ -193,7 +270,7 @@ impl Preprocessing {
         };
         for (i, (c, v)) in self.inputs.iter().zip(values).enumerate() {
             match (&c.categories, *v) {
-                (None, RawValue::Missing) => match c.impute {
+                (None, RawValue::Missing) => match c.missing_value() {
                     Some(x) => {
                         out.push(x as f32);
                         if let Some(n) = counts.as_deref_mut() {
@@ -205,7 +282,7 @@ impl Preprocessing {
                             out,
                             locate(
                                 &c.name,
-                                "missing value (empty, NaN, NA and null are missing; the model has no imputation for this column — set data.missing when training)".into(),
+                                "missing value (empty, NaN, NA and null are missing; the model has no imputation for this column — it was trained with data.predict_missing: refuse, or by an older kiln)".into(),
                             ),
                         );
                     }
@@ -237,7 +314,7 @@ impl Preprocessing {
                                     out,
                                     locate(
                                         &c.name,
-                                        "missing category (empty, NaN, NA and null are missing; the model has no imputation for this column — set data.missing when training)".into(),
+                                        "missing category (empty, NaN, NA and null are missing; the model has no imputation for this column — it was trained with data.predict_missing: refuse, or by an older kiln)".into(),
                                     ),
                                 );
                             }
@@ -250,11 +327,18 @@ impl Preprocessing {
                         RawValue::Number(x) => number_as_category(x).into(),
                         RawValue::Text(t) => t.trim().into(),
                     };
-                    let at = cats.binary_search_by(|k| k.as_str().cmp(&key)).ok();
+                    let at = c.category_index(&key);
                     if at.is_none()
                         && let Some(n) = counts.as_deref_mut()
                     {
                         bump(&mut n.unknown, i);
+                        if n.unknown_examples.len() <= i {
+                            n.unknown_examples.resize_with(i + 1, Vec::new);
+                        }
+                        let seen = &mut n.unknown_examples[i];
+                        if seen.len() < UNKNOWN_EXAMPLES && !seen.iter().any(|e| *e == *key) {
+                            seen.push(key.to_string());
+                        }
                     }
                     out.extend((0..cats.len()).map(|k| if Some(k) == at { 1.0 } else { 0.0 }));
                 }
@@ -280,8 +364,19 @@ impl Preprocessing {
         out: &mut Vec<f32>,
         locate: &dyn Fn(&str, String) -> E,
     ) -> Result<(), E> {
+        self.push_row_counted(cells, out, locate, None)
+    }
+
+    /// [`Preprocessing::push_row`], counting missing cells and unknown categories.
+    pub fn push_row_counted<E>(
+        &self,
+        cells: &[&str],
+        out: &mut Vec<f32>,
+        locate: &dyn Fn(&str, String) -> E,
+        counts: Option<&mut EncodeCounts>,
+    ) -> Result<(), E> {
         let values: Vec<RawValue<'_>> = cells.iter().map(|c| RawValue::cell(c)).collect();
-        self.push_values(&values, out, locate, None)
+        self.push_values(&values, out, locate, counts)
     }
 }
 
@@ -327,4 +422,97 @@ pub fn median(values: &mut [f64]) -> Option<f64> {
     } else {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn locate(column: &str, message: String) -> String {
+        format!("{column}: {message}")
+    }
+
+    /// weather (categorical, case-insensitive), store (categorical), price (numeric with a
+    /// serving fallback of 4.5).
+    fn pre() -> Preprocessing {
+        let weather = InputColumn {
+            categories: Some(vec!["rain".into(), "sun".into()]),
+            case_insensitive: true,
+            missing_to_unknown: true,
+            ..InputColumn::numeric("weather")
+        };
+        let store = InputColumn {
+            categories: Some(vec!["Harbour".into(), "north".into()]),
+            missing_to_unknown: true,
+            ..InputColumn::numeric("store")
+        };
+        let price = InputColumn {
+            fallback: Some(4.5),
+            ..InputColumn::numeric("price")
+        };
+        Preprocessing {
+            inputs: vec![weather, store, price],
+            ..Preprocessing::default()
+        }
+    }
+
+    #[test]
+    fn missing_cells_and_unknown_categories_are_counted_apart() {
+        let p = pre();
+        let mut counts = EncodeCounts::default();
+        let mut out = Vec::new();
+        let rows = [
+            ["Rain", "north", "3"],
+            ["", "depot", ""],
+            ["SUN", "", "2"],
+            ["hail", "depot", "1"],
+            ["RAIN", "harbour", "NA"],
+        ];
+        for r in rows {
+            p.push_row_counted(&r, &mut out, &locate, Some(&mut counts))
+                .unwrap();
+        }
+        // weather: 1 missing, 1 unknown (hail); store: 1 missing, 3 unknown (depot twice and
+        // harbour: store is case-sensitive); price: 2 missing (imputed with the fallback).
+        assert_eq!((counts.missing(0), counts.unknown(0)), (1, 1));
+        assert_eq!((counts.missing(1), counts.unknown(1)), (1, 3));
+        assert_eq!((counts.missing(2), counts.unknown(2)), (2, 0));
+        assert_eq!(counts.unknown_examples[1], vec!["depot", "harbour"]);
+        assert_eq!(
+            counts.unknown_summary(&p).unwrap(),
+            "weather: 1 row (e.g. \"hail\"); store: 3 rows (e.g. \"depot\", \"harbour\")"
+        );
+        // `Rain`, `SUN` and `RAIN` are the known categories; a missing price is the fallback.
+        let row = |i: usize| &out[i * 5..(i + 1) * 5];
+        assert_eq!(row(0), &[1.0, 0.0, 0.0, 1.0, 3.0]);
+        assert_eq!(row(1), &[0.0, 0.0, 0.0, 0.0, 4.5]);
+        assert_eq!(row(2), &[0.0, 1.0, 0.0, 0.0, 2.0]);
+        assert_eq!(row(4), &[1.0, 0.0, 0.0, 0.0, 4.5]);
+        assert!(EncodeCounts::default().unknown_summary(&p).is_none());
+    }
+
+    #[test]
+    fn a_fallback_keeps_a_column_plain_and_without_one_a_missing_cell_is_refused() {
+        let mut p = Preprocessing::plain(&["a".into(), "b".into()]);
+        p.inputs[0].fallback = Some(2.0);
+        assert!(
+            p.is_plain(),
+            "a serving fallback is not a network input change"
+        );
+        assert!(p.inputs[0].accepts_missing() && !p.inputs[1].accepts_missing());
+        let mut out = Vec::new();
+        p.push_row(&["", "1"], &mut out, &locate).unwrap();
+        assert_eq!(out, vec![2.0, 1.0]);
+        let e = p.push_row(&["1", "NaN"], &mut out, &locate).unwrap_err();
+        assert!(
+            e.starts_with("b: missing value") && e.contains("predict_missing: refuse"),
+            "{e}"
+        );
+        assert_eq!(out.len(), 2, "nothing appended on an error");
+        // The checkpoint keeps the fallback; an older one without it reads as before.
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<Preprocessing>(&text).unwrap(), p);
+        let old: InputColumn = serde_json::from_str(r#"{"name": "a"}"#).unwrap();
+        assert_eq!(old, InputColumn::numeric("a"));
+    }
 }

@@ -13,8 +13,14 @@
 //! sixth more.
 //!
 //! **Latency.** The checkpoint's `latency` (p50 per batch size on the engine the run measured,
-//! with the CPU path) is the baseline: at `r` rows it is interpolated linearly between the
-//! recorded batch sizes (a fixed cost plus a cost per row, extrapolated flat outside). Each
+//! with the CPU path) is the recorded p50: at `r` rows it is interpolated linearly between the
+//! recorded batch sizes (a fixed cost plus a cost per row, extrapolated flat outside). It is a
+//! hot-loop number (the same input again and again, caches warm), which a served model at light
+//! load does not reach — isolated calls with cold caches computed 2.4–2.5× it on a healthy
+//! model. So each batch bucket first **learns its serving factor**: over its first
+//! [`WatchConfig::latency_learn_batches`] batches (64) the median of live / recorded, clamped to
+//! `1 ..= `[`WatchConfig::latency_max_serving_factor`] (3: a model slower than 3× its hot loop
+//! from the start still counts as slow). The baseline is then recorded × factor. Each later
 //! executed batch adds the engine's own compute time (what the recorded latency measures: no
 //! batch assembly, no output tensors), as a ratio to the baseline at its rows, to its batch
 //! bucket's window of the last [`LATENCY_WINDOW`] batches; every [`LATENCY_EVAL_EVERY`]
@@ -31,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use kiln_model::drift::{DriftReference, FastBins, ks, psi};
 use kiln_model::latency::LatencyReport;
+use kiln_model::preprocess::EncodeCounts;
 use serde::Serialize;
 
 /// Batches per bucket the latency watch keeps.
@@ -54,6 +61,11 @@ pub struct WatchConfig {
     pub latency_ratio: f64,
     /// … provided the live median exceeds the baseline by at least this.
     pub latency_min_delta: Duration,
+    /// Batches per bucket that learn its serving factor before it is watched (0: none, the
+    /// recorded p50 is the baseline as it is).
+    pub latency_learn_batches: usize,
+    /// The largest serving factor a bucket may learn.
+    pub latency_max_serving_factor: f64,
 }
 
 impl Default for WatchConfig {
@@ -64,6 +76,8 @@ impl Default for WatchConfig {
             psi_threshold: 0.2,
             latency_ratio: 1.5,
             latency_min_delta: Duration::from_micros(20),
+            latency_learn_batches: 64,
+            latency_max_serving_factor: 3.0,
         }
     }
 }
@@ -82,6 +96,8 @@ struct Snapshot {
     at: Instant,
     counts: Vec<u64>,
     out_of_range: Vec<u64>,
+    missing: Vec<u64>,
+    unknown: Vec<u64>,
     rows: u64,
     std_sum: Vec<f64>,
     std_rows: u64,
@@ -96,6 +112,10 @@ pub struct DriftMonitor {
     offsets: Vec<usize>,
     counts: Box<[AtomicU64]>,
     out_of_range: Box<[AtomicU64]>,
+    /// Per column, missing cells as decoded (imputed, or sent to the unknown bucket).
+    missing: Box<[AtomicU64]>,
+    /// Per column, categories the training split did not have.
+    unknown: Box<[AtomicU64]>,
     rows: AtomicU64,
     /// Per target, the sum of answered std values (f64 bits).
     std_sum: Box<[AtomicU64]>,
@@ -119,10 +139,19 @@ pub struct FeatureDrift {
     pub psi: f64,
     /// Binned KS statistic (numeric columns).
     pub ks: Option<f64>,
-    /// Fraction outside the training range (numeric) or of unknown categories.
+    /// Fraction outside the training range (numeric) or of unknown categories
+    /// (categorical); a missing cell is neither.
     pub out_of_range_ratio: f64,
-    /// Fraction missing (the last bin).
+    /// Fraction missing (empty, NaN, NA, null: imputed, or sent to the unknown bucket); an
+    /// unknown category is not missing.
     pub missing_ratio: f64,
+    /// Fraction of categories the training split did not have (categorical columns; 0 for
+    /// numeric ones).
+    pub unknown_ratio: f64,
+    /// Missing values in the window.
+    pub missing_values: u64,
+    /// Categorical columns: unknown categories in the window.
+    pub unknown_values: u64,
     /// PSI past the threshold.
     pub drifted: bool,
     /// Live fraction per bin (the last is missing / unknown).
@@ -188,6 +217,8 @@ impl DriftMonitor {
         Self {
             counts: atomics(n),
             out_of_range: atomics(cols),
+            missing: atomics(cols),
+            unknown: atomics(cols),
             std_sum: atomics(targets.len()),
             rows: AtomicU64::new(0),
             std_rows: AtomicU64::new(0),
@@ -242,6 +273,39 @@ impl DriftMonitor {
         self.rows.fetch_add(rows as u64, Relaxed);
     }
 
+    /// Count one request's missing cells and unknown categories per raw input column (what
+    /// decoding it counted; the bins alone cannot tell a missing category from an unknown one).
+    pub fn observe_cells(&self, cells: &EncodeCounts) {
+        for (c, &n) in self.missing.iter().zip(&cells.imputed) {
+            if n > 0 {
+                c.fetch_add(n as u64, Relaxed);
+            }
+        }
+        for (c, &n) in self.unknown.iter().zip(&cells.unknown) {
+            if n > 0 {
+                c.fetch_add(n as u64, Relaxed);
+            }
+        }
+    }
+
+    /// Since load, per raw input column: (column, missing cells, unknown categories — 0 for
+    /// a numeric column).
+    pub fn cell_totals(&self) -> Vec<(&str, u64, u64)> {
+        self.bins
+            .reference()
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(j, c)| {
+                (
+                    c.name.as_str(),
+                    self.missing[j].load(Relaxed),
+                    self.unknown[j].load(Relaxed),
+                )
+            })
+            .collect()
+    }
+
     /// Add one answer's predicted std (`rows × targets`, original units).
     pub fn observe_std(&self, std: &[f32]) {
         let k = self.targets.len();
@@ -262,6 +326,8 @@ impl DriftMonitor {
             at,
             counts: self.counts.iter().map(|c| c.load(Relaxed)).collect(),
             out_of_range: self.out_of_range.iter().map(|c| c.load(Relaxed)).collect(),
+            missing: self.missing.iter().map(|c| c.load(Relaxed)).collect(),
+            unknown: self.unknown.iter().map(|c| c.load(Relaxed)).collect(),
             rows: self.rows.load(Relaxed),
             std_sum: self
                 .std_sum
@@ -289,6 +355,10 @@ impl DriftMonitor {
             Some(s) => (s.counts.clone(), s.out_of_range.clone(), s.rows),
             None => (zero(cur.counts.len()), zero(cur.out_of_range.len()), 0),
         };
+        let (b_missing, b_unknown) = match base {
+            Some(s) => (s.missing.clone(), s.unknown.clone()),
+            None => (zero(cur.missing.len()), zero(cur.unknown.len())),
+        };
         let (b_std, b_std_rows) = match base {
             Some(s) => (s.std_sum.clone(), s.std_rows),
             None => (vec![0.0; cur.std_sum.len()], 0),
@@ -311,6 +381,16 @@ impl DriftMonitor {
             let values: u64 = counts.iter().sum();
             let n = values.max(1) as f64;
             let p = psi(&counts, &c.reference);
+            let missing = cur.missing[j] - b_missing[j];
+            let unknown = cur.unknown[j] - b_unknown[j];
+            // Numeric: the bins' count (a missing cell is binned as missing or as its
+            // imputed value, never out of range). Categorical: the unknown categories as
+            // decoded (the unknown bucket also holds missing cells).
+            let out_of_range = if c.is_categorical() {
+                unknown
+            } else {
+                cur.out_of_range[j] - b_oor[j]
+            };
             features.push(FeatureDrift {
                 feature: c.name.clone(),
                 kind: if c.is_categorical() {
@@ -321,8 +401,11 @@ impl DriftMonitor {
                 values,
                 psi: p,
                 ks: (!c.is_categorical()).then(|| ks(&counts, &c.reference)),
-                out_of_range_ratio: (cur.out_of_range[j] - b_oor[j]) as f64 / n,
-                missing_ratio: counts[c.bins() - 1] as f64 / n,
+                out_of_range_ratio: out_of_range as f64 / n,
+                missing_ratio: missing as f64 / n,
+                unknown_ratio: unknown as f64 / n,
+                missing_values: missing,
+                unknown_values: unknown,
                 drifted: values > 0 && p > self.threshold,
                 live: counts.iter().map(|&k| k as f64 / n).collect(),
                 reference: c.reference.clone(),
@@ -363,8 +446,12 @@ struct Bucket {
     since_eval: usize,
     failing: usize,
     passing: usize,
-    /// The last evaluation's medians (µs): live and baseline.
+    /// The last evaluation's medians (µs): live and recorded.
     last: Option<(f64, f64)>,
+    /// live / recorded of the batches learning the serving factor.
+    learning: Vec<f64>,
+    /// The learned serving factor (`None` while learning).
+    factor: Option<f64>,
 }
 
 /// A bucket's state, for the metrics.
@@ -374,8 +461,10 @@ pub struct BucketLatency {
     pub batch: usize,
     /// Median live compute time over the window (µs).
     pub live_p50_us: f64,
-    /// The baseline at the window's median rows (µs).
+    /// The checkpoint's recorded p50 at the window's median rows (µs).
     pub baseline_us: f64,
+    /// The serving factor the bucket learned (the baseline is the recorded p50 times it).
+    pub serving_factor: f64,
     /// Flagged as a sustained regression.
     pub regressed: bool,
 }
@@ -388,6 +477,8 @@ pub struct LatencyWatch {
     serving: String,
     ratio: f64,
     min_delta_us: f64,
+    learn: usize,
+    max_factor: f64,
     sizes: Vec<usize>,
     buckets: Vec<Mutex<Bucket>>,
     flags: Vec<AtomicBool>,
@@ -425,6 +516,8 @@ impl LatencyWatch {
             serving,
             ratio: config.latency_ratio,
             min_delta_us: config.latency_min_delta.as_secs_f64() * 1e6,
+            learn: config.latency_learn_batches,
+            max_factor: config.latency_max_serving_factor.max(1.0),
             sizes: buckets.to_vec(),
             flags: buckets.iter().map(|_| AtomicBool::new(false)).collect(),
             buckets: buckets
@@ -438,6 +531,8 @@ impl LatencyWatch {
                         failing: 0,
                         passing: 0,
                         last: None,
+                        learning: Vec::new(),
+                        factor: (config.latency_learn_batches == 0).then_some(1.0),
                     })
                 })
                 .collect(),
@@ -468,10 +563,26 @@ impl LatencyWatch {
         let base = self.baseline_us(rows);
         let live = took.as_secs_f64() * 1e6;
         let mut b = self.buckets[i].lock().unwrap_or_else(|p| p.into_inner());
+        let Some(factor) = b.factor else {
+            b.learning.push(live / base);
+            if b.learning.len() >= self.learn {
+                let learned = median(b.learning.drain(..)).clamp(1.0, self.max_factor);
+                b.factor = Some(learned);
+                tracing::info!(
+                    "{}: batches of up to {} rows compute at {:.2}× the checkpoint's hot-loop p50 when served (the latency watch's serving factor; at most {:.1})",
+                    self.label,
+                    b.size,
+                    learned,
+                    self.max_factor
+                );
+            }
+            return;
+        };
         if b.ratios.len() == LATENCY_WINDOW {
             b.ratios.pop_front();
             b.live_us.pop_front();
         }
+        // The ratio to the recorded p50; the watch compares it with the factor.
         b.ratios.push_back(live / base);
         b.live_us.push_back(live);
         b.since_eval += 1;
@@ -479,10 +590,12 @@ impl LatencyWatch {
             return;
         }
         b.since_eval = 0;
-        let ratio = median(b.ratios.iter().copied());
+        let recorded_ratio = median(b.ratios.iter().copied());
         let live_p50 = median(b.live_us.iter().copied());
-        let base_p50 = live_p50 / ratio;
-        b.last = Some((live_p50, base_p50));
+        let recorded_p50 = live_p50 / recorded_ratio;
+        b.last = Some((live_p50, recorded_p50));
+        let ratio = recorded_ratio / factor;
+        let base_p50 = recorded_p50 * factor;
         let slow = ratio >= self.ratio && live_p50 - base_p50 >= self.min_delta_us;
         if slow {
             b.failing += 1;
@@ -495,12 +608,14 @@ impl LatencyWatch {
         if !flagged && b.failing >= LATENCY_SUSTAIN {
             self.flags[i].store(true, Relaxed);
             tracing::warn!(
-                "{}: latency regression at batches of up to {} rows: live compute p50 {:.1} µs is {:.2}× the checkpoint's recorded {:.1} µs (recorded on {}, serving on {}) over the last {} batches",
+                "{}: latency regression at batches of up to {} rows: live compute p50 {:.1} µs is {:.2}× the baseline {:.1} µs (the checkpoint's recorded {:.1} µs × the serving factor {:.2}; recorded on {}, serving on {}) over the last {} batches",
                 self.label,
                 b.size,
                 live_p50,
                 ratio,
                 base_p50,
+                recorded_p50,
+                factor,
                 self.recorded,
                 self.serving,
                 b.ratios.len()
@@ -528,6 +643,7 @@ impl LatencyWatch {
                     batch: b.size,
                     live_p50_us: live,
                     baseline_us: base,
+                    serving_factor: b.factor.unwrap_or(1.0),
                     regressed: f.load(Relaxed),
                 })
             })
@@ -564,15 +680,82 @@ mod tests {
         }
     }
 
+    /// A watch whose baseline is the recorded p50 as it is (no serving factor learned).
     fn watch() -> LatencyWatch {
+        watch_with(WatchConfig {
+            latency_learn_batches: 0,
+            ..WatchConfig::default()
+        })
+    }
+
+    fn watch_with(config: WatchConfig) -> LatencyWatch {
         LatencyWatch::new(
             &report(),
             &[1, 2, 4, 64],
             "burn".into(),
             "m/1".into(),
-            &WatchConfig::default(),
+            &config,
         )
         .unwrap()
+    }
+
+    /// Batch-1 compute times around `us` (±15 %, deterministic).
+    fn around(us: f64, n: usize, seed: u64) -> impl Iterator<Item = Duration> {
+        let mut s = seed;
+        (0..n).map(move |_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (s >> 33) as f64 / (1u64 << 31) as f64;
+            Duration::from_secs_f64(us * (0.85 + 0.3 * u) * 1e-6)
+        })
+    }
+
+    #[test]
+    fn a_healthy_model_slower_than_its_hot_loop_stays_quiet_and_a_real_2x_slowdown_alerts() {
+        // Recorded (hot loop) 10 µs at batch 1; served at light load a healthy model computes
+        // 2.4–2.5× that (seen live), with noise. A 30 µs floor would hide it: use 4 µs.
+        let config = WatchConfig {
+            latency_min_delta: Duration::from_micros(4),
+            ..WatchConfig::default()
+        };
+        let w = watch_with(config.clone());
+        for d in around(24.5, 3000, 1) {
+            w.record(1, d);
+        }
+        let b1 = w.buckets()[0].clone();
+        assert!(!b1.regressed, "{b1:?}");
+        assert!((2.2..2.7).contains(&b1.serving_factor), "{b1:?}");
+        // Without the learned factor the same stream alerts (the false alarm it fixes).
+        let plain = watch_with(WatchConfig {
+            latency_learn_batches: 0,
+            ..config.clone()
+        });
+        for d in around(24.5, 3000, 1) {
+            plain.record(1, d);
+        }
+        assert!(plain.buckets()[0].regressed);
+        // The same model twice as slow (a portable ISA path, a noisy neighbour): alerts.
+        for d in around(49.0, LATENCY_WINDOW * 2, 2) {
+            w.record(1, d);
+        }
+        let b1 = w.buckets()[0].clone();
+        assert!(b1.regressed, "{b1:?}");
+        // A model slow from the start cannot learn it away: the factor stops at 3.
+        let slow = watch_with(config.clone());
+        for d in around(49.0, 3000, 3) {
+            slow.record(1, d);
+        }
+        let b1 = slow.buckets()[0].clone();
+        assert_eq!(b1.serving_factor, 3.0);
+        assert!(b1.regressed, "{b1:?}");
+        // Faster than the hot loop: the factor is 1, never below.
+        let fast = watch_with(config);
+        for d in around(8.0, 500, 4) {
+            fast.record(1, d);
+        }
+        assert_eq!(fast.buckets()[0].serving_factor, 1.0);
+        assert!(!fast.buckets()[0].regressed);
     }
 
     #[test]
@@ -603,6 +786,68 @@ mod tests {
         );
         assert!(a.out_of_range.iter().sum::<u64>() > 0);
         assert_eq!(a.counts.iter().sum::<u64>(), 90);
+    }
+
+    #[test]
+    fn a_missing_category_is_not_unknown_and_a_missing_number_is_not_out_of_range() {
+        use kiln_model::preprocess::{InputColumn, Preprocessing};
+        // city (categorical, missing → unknown bucket, no indicator), price (numeric,
+        // imputed with 5 without an indicator).
+        let pre = Preprocessing {
+            inputs: vec![
+                InputColumn {
+                    categories: Some(vec!["a".into(), "b".into()]),
+                    missing_to_unknown: true,
+                    ..InputColumn::numeric("city")
+                },
+                InputColumn {
+                    impute: Some(5.0),
+                    ..InputColumn::numeric("price")
+                },
+            ],
+            ..Preprocessing::default()
+        };
+        let train: Vec<f32> = (0..100)
+            .flat_map(|i| {
+                let hot = if i % 2 == 0 { [1.0, 0.0] } else { [0.0, 1.0] };
+                [hot[0], hot[1], (i % 10) as f32]
+            })
+            .collect();
+        let reference = DriftReference::fit(&pre, &train, vec![1.0])
+            .bind(&pre)
+            .unwrap();
+        let m = DriftMonitor::new(reference, 3, vec!["t".into()], &WatchConfig::default());
+        // 10 rows: city a ×4, missing ×2, unknown ×4; price 3 ×7, missing ×3 (imputed 5).
+        let mut x = Vec::new();
+        let mut cells = EncodeCounts::default();
+        let mut out = Vec::new();
+        let none = |c: &str, e: String| format!("{c}: {e}");
+        for i in 0..10 {
+            let city = match i {
+                0..4 => "a",
+                4..6 => "",
+                _ => "zurich",
+            };
+            let price = if i < 7 { "3" } else { "" };
+            out.clear();
+            pre.push_row_counted(&[city, price], &mut out, &none, Some(&mut cells))
+                .unwrap();
+            x.extend_from_slice(&out);
+        }
+        m.observe(&x);
+        m.observe_cells(&cells);
+        let r = m.report(Instant::now());
+        let (city, price) = (&r.features[0], &r.features[1]);
+        assert_eq!((city.missing_values, city.unknown_values), (2, 4));
+        assert!((city.missing_ratio - 0.2).abs() < 1e-12, "{city:?}");
+        assert!((city.unknown_ratio - 0.4).abs() < 1e-12, "{city:?}");
+        assert!((city.out_of_range_ratio - 0.4).abs() < 1e-12, "{city:?}");
+        assert_eq!((price.missing_values, price.unknown_values), (3, 0));
+        assert!((price.missing_ratio - 0.3).abs() < 1e-12, "{price:?}");
+        assert_eq!(price.out_of_range_ratio, 0.0, "5 and 3 are within 0..9");
+        assert_eq!(price.unknown_ratio, 0.0);
+        let totals = m.cell_totals();
+        assert_eq!(totals, vec![("city", 2, 4), ("price", 3, 0)]);
     }
 
     #[test]

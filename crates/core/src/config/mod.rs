@@ -119,12 +119,31 @@ pub fn utf8_text(bytes: Vec<u8>, path: &Path) -> Result<String, ConfigError> {
 /// Read, parse and validate a config file.
 pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
     let text = read_text(path)?;
-    let config = parse(&text, path)?;
+    let mut config = parse(&text, path)?;
+    resolve_inputs(&mut config, path);
     Ok(LoadedConfig {
         config,
         text,
         path: path.to_path_buf(),
     })
+}
+
+/// Resolve a config's relative input paths (`data.path`) against the directory of the config
+/// file `path`: the file there when it exists, else (a config written for the working
+/// directory) the path as it is, relative to the working directory. Absolute paths, and
+/// output directories (`export.dir`, …, always relative to the working directory), are left
+/// alone.
+pub fn resolve_inputs(config: &mut ExperimentConfig, path: &Path) {
+    let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return;
+    };
+    let data = &mut config.data.path;
+    if data.is_relative() {
+        let beside = dir.join(&*data);
+        if beside.exists() {
+            *data = beside;
+        }
+    }
 }
 
 /// Parse and validate YAML text; `path` is only used in messages.
@@ -348,6 +367,45 @@ stages:
             e.to_string(),
             "test.yaml:16:16: at `model.hidden[1]`: invalid u64"
         );
+    }
+
+    #[test]
+    fn a_data_path_is_read_beside_the_config_first_then_from_the_working_directory() {
+        let tiny = include_str!("../../../../configs/tiny.yaml");
+        let tmp = tempfile::tempdir().unwrap();
+        let sub = tmp.path().join("exp");
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join("rows.csv"), "x\n").unwrap();
+        let cfg = sub.join("kiln.yaml");
+        // Beside the config: found wherever kiln runs from.
+        std::fs::write(
+            &cfg,
+            tiny.replace("path: datasets/baseball.csv", "path: rows.csv"),
+        )
+        .unwrap();
+        assert_eq!(load(&cfg).unwrap().config.data.path, sub.join("rows.csv"));
+        // Not beside it but in the working directory (the crate's, under cargo test): kept,
+        // so configs written for the working directory keep working.
+        std::fs::write(
+            &cfg,
+            tiny.replace("path: datasets/baseball.csv", "path: Cargo.toml"),
+        )
+        .unwrap();
+        assert_eq!(
+            load(&cfg).unwrap().config.data.path,
+            std::path::PathBuf::from("Cargo.toml")
+        );
+        // Absolute: as it is.
+        let abs = sub.join("rows.csv");
+        std::fs::write(
+            &cfg,
+            tiny.replace(
+                "path: datasets/baseball.csv",
+                &format!("path: {}", abs.display()),
+            ),
+        )
+        .unwrap();
+        assert_eq!(load(&cfg).unwrap().config.data.path, abs);
     }
 
     #[test]

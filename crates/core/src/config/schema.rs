@@ -401,7 +401,8 @@ pub struct SplitConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
-    /// CSV file, relative to the current directory (or absolute).
+    /// The data file: absolute, or relative to the config file's directory (read there when it
+    /// exists), else to the working directory.
     pub path: PathBuf,
     /// The column holding the season used for the split.
     #[serde(default = "default_season_column")]
@@ -426,6 +427,16 @@ pub struct DataConfig {
     /// bucket).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub categorical: Vec<String>,
+    /// Which of `categorical` match their categories ignoring case (`Rain` and `rain` are one
+    /// category, in training and at predict/serve time; the vocabulary is stored lower-cased).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub case_insensitive: Vec<String>,
+    /// A missing feature cell at predict and serve time in a column whose training split had
+    /// none (`impute`, the default: the training split's median for a numeric column, the
+    /// unknown bucket for a categorical one; `refuse`: an error naming the row and column).
+    /// Columns imputed in training (`missing`) always impute.
+    #[serde(default, skip_serializing_if = "PredictMissing::is_default")]
+    pub predict_missing: PredictMissing,
     /// The most distinct training values a categorical column may have (a guard against an
     /// identifier column listed by mistake).
     #[serde(
@@ -472,6 +483,24 @@ impl MissingConfig {
     /// The policy of a feature column.
     pub fn policy(&self, column: &str) -> &MissingPolicy {
         self.columns.get(column).unwrap_or(&self.default)
+    }
+}
+
+/// What a missing cell does at predict and serve time in a column training had no holes in.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PredictMissing {
+    /// The training split's median (numeric) or the unknown bucket (categorical).
+    #[default]
+    Impute,
+    /// Refused with the row and column.
+    Refuse,
+}
+
+impl PredictMissing {
+    /// Whether this is the default (`impute`).
+    pub fn is_default(&self) -> bool {
+        *self == PredictMissing::Impute
     }
 }
 

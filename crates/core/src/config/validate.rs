@@ -163,6 +163,17 @@ impl ExperimentConfig {
                 );
             }
         }
+        for (i, c) in self.data.case_insensitive.iter().enumerate() {
+            if !self.data.categorical.contains(c) {
+                return bad(
+                    format!("data.case_insensitive[{i}]"),
+                    format!(
+                        "column {c:?} is not in data.categorical ({}); only categorical columns can ignore case",
+                        self.data.categorical.join(", ")
+                    ),
+                );
+            }
+        }
         if self.data.max_categories == 0 {
             return bad("data.max_categories".into(), "expected at least 1".into());
         }

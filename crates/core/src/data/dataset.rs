@@ -10,7 +10,7 @@ use super::preprocess::{
 };
 use super::split;
 use super::table::{CsvTable, DataError, is_missing};
-use crate::config::{DataConfig, Imputation, MissingPolicy};
+use crate::config::{DataConfig, Imputation, MissingPolicy, PredictMissing};
 
 /// `a 3, b 1` for counts by reason or column.
 pub fn describe_counts(m: &BTreeMap<String, usize>) -> String {
@@ -299,6 +299,7 @@ impl Dataset {
             }
         }
         // Imputation values and vocabularies from the training split only.
+        let impute_at_predict = cfg.predict_missing == PredictMissing::Impute;
         let mut inputs = Vec::with_capacity(cfg.features.len());
         for (((&j, name), policy), &cat) in f_idx
             .iter()
@@ -315,8 +316,18 @@ impl Dataset {
                     .filter(|c| !is_missing(c))
             };
             if cat {
-                let vocab: std::collections::BTreeSet<String> =
-                    cells().map(|c| c.trim().to_string()).collect();
+                let fold = cfg.case_insensitive.contains(name);
+                col.case_insensitive = fold;
+                let vocab: std::collections::BTreeSet<String> = cells()
+                    .map(|c| {
+                        let c = c.trim();
+                        if fold {
+                            c.to_lowercase()
+                        } else {
+                            c.to_string()
+                        }
+                    })
+                    .collect();
                 if vocab.len() > cfg.max_categories {
                     let examples: Vec<&str> = vocab.iter().take(5).map(String::as_str).collect();
                     return Err(DataError::Other(format!(
@@ -328,9 +339,16 @@ impl Dataset {
                     )));
                 }
                 col.categories = Some(vocab.into_iter().collect());
-                if let MissingPolicy::Impute { indicator, .. } = policy {
-                    col.missing_to_unknown = true;
-                    col.indicator = *indicator;
+                match policy {
+                    MissingPolicy::Impute { indicator, .. } => {
+                        col.missing_to_unknown = true;
+                        col.indicator = *indicator;
+                    }
+                    // Training had no holes in this column (or dropped them); at predict and
+                    // serve time a missing category still goes to the unknown bucket.
+                    MissingPolicy::Error | MissingPolicy::DropRow => {
+                        col.missing_to_unknown = impute_at_predict;
+                    }
                 }
             } else if let MissingPolicy::Impute {
                 with,
@@ -361,6 +379,15 @@ impl Dataset {
                 };
                 col.impute = Some(v);
                 col.indicator = *indicator;
+            } else if impute_at_predict {
+                // Training had no holes in this column (or dropped them): at predict and serve
+                // time a missing cell gets the training split's median (not a network input
+                // change, so the checkpoint's inputs stay plain).
+                let mut seen: Vec<f64> = cells()
+                    .filter_map(|c| c.trim().parse::<f64>().ok())
+                    .map(|v| f64::from(v as f32))
+                    .collect();
+                col.fallback = median(&mut seen);
             }
             inputs.push(col);
         }

@@ -237,6 +237,11 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         writeln!(y, "  categorical: [{}]", list(&categorical)).unwrap();
     }
     writeln!(y, "  targets: [{}]", list(targets)).unwrap();
+    writeln!(
+        y,
+        "  # At predict and serve time a missing cell gets the training median (a category: the\n  # unknown bucket), even in a column without holes here; `predict_missing: refuse` refuses it."
+    )
+    .unwrap();
     if missing > 0 {
         writeln!(
             y,

@@ -28,7 +28,7 @@ fn load(data: &str, text: &str) -> Result<Dataset, DataError> {
 fn categorical_columns_are_one_hot_from_the_training_vocabulary() {
     let text = "season,team,a,y\n2000,NYA,1,1\n2000,BOS,2,2\n2001,NYA,3,3\n2001,7,4,4\n2002,SEA,5,5\n2002,BOS,6,6\n2003,NYA,7,7\n";
     let d = load(
-        "  features: [team, a]\n  categorical: [team]\n  targets: [y]\n",
+        "  features: [team, a]\n  categorical: [team]\n  targets: [y]\n  predict_missing: refuse\n",
         text,
     )
     .unwrap();

@@ -28,8 +28,17 @@ impl EncodeTable for Preprocessing {
         table: &CsvTable,
         mut counts: Option<&mut EncodeCounts>,
     ) -> Result<Vec<f32>, DataError> {
-        if self.is_plain() {
-            // Exactly today's reading (and messages) for models without imputation.
+        let holes = || {
+            self.inputs.iter().any(|c| {
+                c.fallback.is_some()
+                    && table
+                        .column_index(&c.name)
+                        .is_ok_and(|j| (0..table.n_rows()).any(|r| table.is_missing_at(r, j)))
+            })
+        };
+        if self.is_plain() && !holes() {
+            // Exactly today's reading (and messages) for models without imputation, unless a
+            // missing cell needs the serving fallback.
             return table.numeric_matrix(&self.input_names());
         }
         let idx: Vec<usize> = self

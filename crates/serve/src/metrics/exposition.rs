@@ -301,6 +301,47 @@ fn watch_families(
         buckets
             .iter()
             .map(|(l, b)| (l.clone(), i64::from(b.regressed))),
+    )?;
+    gauges(
+        e,
+        "kiln_latency_serving_factor",
+        "Live over recorded p50 the bucket learned over its first batches (the watch's baseline is the recorded p50 times it; 1 to --latency-watch-max-factor).",
+        buckets.iter().map(|(l, b)| (l.clone(), b.serving_factor)),
+    )?;
+    gauges(
+        e,
+        "kiln_drift_unknown_ratio",
+        "Fraction of the feature's live values that are categories the training split did not have (categorical features; 0 for numeric ones; missing values not included).",
+        reports.iter().flat_map(|(l, r)| {
+            r.features
+                .iter()
+                .map(|f| (with(l.clone(), "feature", &f.feature), f.unknown_ratio))
+        }),
+    )?;
+    let cells: Vec<(Labels, &str, u64, u64)> = versions
+        .iter()
+        .filter_map(|(m, v, vm)| vm.drift.get().map(|d| (version_labels(m, *v), d)))
+        .flat_map(|(l, d)| {
+            d.cell_totals()
+                .into_iter()
+                .map(move |(f, missing, unknown)| (l.clone(), f, missing, unknown))
+        })
+        .collect();
+    counters(
+        e,
+        "kiln_missing_value",
+        "Missing values (empty, NaN, NA, null) of the feature since load: imputed, or sent to the unknown bucket.",
+        cells
+            .iter()
+            .map(|(l, f, missing, _)| (with(l.clone(), "feature", f), *missing)),
+    )?;
+    counters(
+        e,
+        "kiln_unknown_category",
+        "Values of the feature since load that are categories the training split did not have (the unknown bucket; 0 for numeric features).",
+        cells
+            .iter()
+            .map(|(l, f, _, unknown)| (with(l.clone(), "feature", f), *unknown)),
     )
 }
 

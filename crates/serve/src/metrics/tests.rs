@@ -53,7 +53,7 @@ fn histogram_is_cumulative_and_in_seconds() {
 }
 
 /// Every family's HELP and TYPE line, in exposition order.
-const FAMILIES: [(&str, &str, &str); 29] = [
+const FAMILIES: [(&str, &str, &str); 33] = [
     (
         "kiln_inference_request_success_total",
         "counter",
@@ -168,6 +168,26 @@ const FAMILIES: [(&str, &str, &str); 29] = [
         "kiln_latency_regression",
         "gauge",
         "1 while the bucket's live p50 has stayed at least --latency-watch-ratio times the recorded one.",
+    ),
+    (
+        "kiln_latency_serving_factor",
+        "gauge",
+        "Live over recorded p50 the bucket learned over its first batches (the watch's baseline is the recorded p50 times it; 1 to --latency-watch-max-factor).",
+    ),
+    (
+        "kiln_drift_unknown_ratio",
+        "gauge",
+        "Fraction of the feature's live values that are categories the training split did not have (categorical features; 0 for numeric ones; missing values not included).",
+    ),
+    (
+        "kiln_missing_value_total",
+        "counter",
+        "Missing values (empty, NaN, NA, null) of the feature since load: imputed, or sent to the unknown bucket.",
+    ),
+    (
+        "kiln_unknown_category_total",
+        "counter",
+        "Values of the feature since load that are categories the training split did not have (the unknown bucket; 0 for numeric features).",
     ),
     (
         "kiln_queue_depth",

@@ -255,11 +255,25 @@ impl ModelSpec {
         model: &str,
         max_batch: usize,
     ) -> Result<ModelInput, ProtocolError> {
+        self.decode_counted(inputs, model, max_batch, None)
+    }
+
+    /// [`ModelSpec::decode`], counting per raw input column the missing cells (imputed, or
+    /// sent to the unknown bucket) and the categories the training split did not have.
+    pub fn decode_counted(
+        &self,
+        inputs: &[InputTensor],
+        model: &str,
+        max_batch: usize,
+        counts: Option<&mut kiln_model::preprocess::EncodeCounts>,
+    ) -> Result<ModelInput, ProtocolError> {
         let given = self.take(inputs, model)?;
         match &self.kind {
             ModelKind::Regression(c) => match c.manifest.preprocessing.as_ref() {
-                Some(pre) if !pre.is_plain() => regression::decode_columns(pre, &given, max_batch),
-                _ => regression::decode(c, given[0], max_batch),
+                Some(pre) if !pre.is_plain() => {
+                    regression::decode_columns(pre, &given, max_batch, counts)
+                }
+                _ => regression::decode(c, given[0], max_batch, counts),
             },
             ModelKind::Pick(p) => pick::decode(p, &given, max_batch),
         }

@@ -20,6 +20,7 @@ use crate::infer::{EngineKind, build_engine};
 use crate::predict::{Prediction, Predictor};
 use crate::protocol::{Datatype, InputTensor, OutputData, OutputTensor, ProtocolError};
 use crate::records::RegressionDescription;
+use kiln_model::preprocess::EncodeCounts;
 
 /// How `mean` and `std` relate to the network's outputs (the `convention` parameter of both
 /// outputs in the model metadata; the README's *Output convention*).
@@ -121,6 +122,7 @@ pub(super) fn decode_columns(
     pre: &kiln_model::preprocess::Preprocessing,
     given: &[&InputTensor],
     max_batch: usize,
+    mut counts: Option<&mut EncodeCounts>,
 ) -> Result<ModelInput, ProtocolError> {
     use kiln_model::preprocess::RawValue;
     let rows = match given.first() {
@@ -171,16 +173,18 @@ pub(super) fn decode_columns(
         let locate = |column: &str, message: String| {
             ProtocolError(format!("input `{column}` row {r}: {message}"))
         };
-        pre.push_values(&values, &mut x, &locate, None)?;
+        pre.push_values(&values, &mut x, &locate, counts.as_deref_mut())?;
     }
     Ok(ModelInput::Regression { x, rows })
 }
 
-/// Check the `features` input against the checkpoint and decode its rows.
+/// Check the `features` input against the checkpoint and decode its rows; a NaN cell of a
+/// column with a serving fallback (the training median) gets it, counted in `counts`.
 pub(super) fn decode(
     c: &Checkpoint,
     t: &InputTensor,
     max_batch: usize,
+    counts: Option<&mut EncodeCounts>,
 ) -> Result<ModelInput, ProtocolError> {
     let f = c.manifest.features.len();
     if t.datatype != Datatype::Fp32 {
@@ -198,8 +202,37 @@ pub(super) fn decode(
         )));
     }
     check_batch(&t.name, t.shape[0], max_batch)?;
+    let fallback: Vec<Option<f64>> = match &c.manifest.preprocessing {
+        Some(p) if p.inputs.len() == f => p.inputs.iter().map(|c| c.missing_value()).collect(),
+        _ => Vec::new(),
+    };
+    if fallback.iter().all(Option::is_none) {
+        return Ok(ModelInput::Regression {
+            x: t.to_f32()?,
+            rows: t.shape[0],
+        });
+    }
+    let mut x = t.to_f32_with_nan()?;
+    let mut missing = vec![0usize; f];
+    for (i, v) in x.iter_mut().enumerate() {
+        if v.is_nan() {
+            match fallback[i % f] {
+                Some(m) => {
+                    *v = m as f32;
+                    missing[i % f] += 1;
+                }
+                // The refusal, worded as for any non-finite value.
+                None => return Err(t.to_f32().expect_err("a NaN is refused")),
+            }
+        }
+    }
+    if let Some(n) = counts
+        && missing.iter().any(|&m| m > 0)
+    {
+        n.imputed = missing;
+    }
     Ok(ModelInput::Regression {
-        x: t.to_f32()?,
+        x,
         rows: t.shape[0],
     })
 }

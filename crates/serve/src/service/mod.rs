@@ -271,10 +271,19 @@ impl Service {
             }
         }
         let max_batch = self.repo.config().batcher.max_batch_size;
+        let drift = vm.drift.get();
+        // Missing cells and unknown categories per raw column, for the drift watch
+        // (no allocation unless a request has one).
+        let mut cells = kiln_model::preprocess::EncodeCounts::default();
         let input = lv
             .spec
-            .decode(&req.inputs, name, max_batch)
+            .decode_counted(&req.inputs, name, max_batch, drift.map(|_| &mut cells))
             .map_err(|e| bad(e.0))?;
+        if let Some(d) = drift
+            && !cells.is_empty()
+        {
+            d.observe_cells(&cells);
+        }
         drop(decode_span);
         // The clock is read for the spans only when the request is traced.
         let queued = trace.map(|_| Instant::now());
@@ -287,7 +296,6 @@ impl Service {
             ]);
             t.stage("decode", t0, queued, Vec::new(), None);
         }
-        let drift = vm.drift.get();
         if let (Some(d), ModelInput::Regression { x, .. }) = (drift, &input) {
             d.observe(x);
         }
