@@ -133,14 +133,14 @@ pub fn predict_csv(
                 first = false;
                 text.push_str(&csv_field(&table.rows[r][i]));
             }
-            for j in 0..k {
+            for (j, &with_quantiles) in quantiles.iter().enumerate() {
                 let o = (r - start) * k + j;
                 if !first {
                     text.push(',');
                 }
                 first = false;
                 write!(text, "{},{}", pred.mean[o], pred.std[o]).expect("write to String");
-                if quantiles[j] {
+                if with_quantiles {
                     write!(text, ",{},{}", q05[o], q95[o]).expect("write to String");
                 }
             }
