@@ -44,3 +44,4 @@ mod serve_trace;
 mod serve_triton;
 mod split_out;
 mod sweep_indexed;
+mod target_transform;

@@ -55,6 +55,7 @@ fn synthetic_checkpoint(dir: &Path, weights: &HostWeights, seed: u64) -> Checkpo
         name,
         mean: g.uniform(-50.0, 150.0),
         std: g.uniform(0.05, 20.0),
+        transform: Default::default(),
     };
     let features = (0..arch.n_features)
         .map(|i| col(&mut g, format!("f{i}")))

@@ -267,6 +267,7 @@ impl ImportSpec {
                         name: n.clone(),
                         mean,
                         std,
+                        transform: Default::default(),
                     }
                 })
                 .collect())

@@ -51,7 +51,9 @@ pub enum PredictError {
 
 /// Predict every row of a CSV file: raw input columns go through the checkpoint's
 /// preprocessing (imputation, missing indicators). Non-input columns are passed through in front; then
-/// `<target>_mean` and `<target>_std` per target. Returns the CSV text and the row count.
+/// `<target>_mean` and `<target>_std` per target, and for a target with a transform its 90 %
+/// interval `<target>_q05`, `<target>_q95` (original units). Returns the CSV text and the row
+/// count.
 pub fn predict_csv(
     predictor: &mut Predictor,
     input: &Path,
@@ -84,9 +86,23 @@ pub fn predict_csv_counted(
         .iter()
         .map(|&i| table.header[i].clone())
         .collect();
-    for t in targets {
+    // A transformed target's interval is asymmetric (and inside its support), so its 5 %
+    // and 95 % quantiles are written beside the mean and standard deviation.
+    let quantiles: Vec<bool> = (0..targets.len())
+        .map(|j| {
+            predictor
+                .targets()
+                .get(j)
+                .is_some_and(|t| !t.transform.is_none())
+        })
+        .collect();
+    for (t, &q) in targets.iter().zip(&quantiles) {
         header.push(format!("{t}_mean"));
         header.push(format!("{t}_std"));
+        if q {
+            header.push(format!("{t}_q05"));
+            header.push(format!("{t}_q95"));
+        }
     }
     text.push_str(&header.join(","));
     text.push('\n');
@@ -96,9 +112,14 @@ pub fn predict_csv_counted(
         mean: Vec::new(),
         std: Vec::new(),
     };
+    let (mut q05, mut q95) = (Vec::new(), Vec::new());
     for start in (0..rows).step_by(CHUNK) {
         let end = (start + CHUNK).min(rows);
         predictor.predict_into(&x[start * nf..end * nf], end - start, &mut pred)?;
+        if quantiles.contains(&true) {
+            predictor.quantiles_into(0.05, &mut q05);
+            predictor.quantiles_into(0.95, &mut q95);
+        }
         if let Some(o) =
             (0..pred.mean.len()).find(|&o| !(pred.mean[o].is_finite() && pred.std[o].is_finite()))
         {
@@ -125,13 +146,16 @@ pub fn predict_csv_counted(
                 first = false;
                 text.push_str(&csv_field(&table.cell(r, i)));
             }
-            for j in 0..k {
+            for (j, &with_quantiles) in quantiles.iter().enumerate() {
                 let o = (r - start) * k + j;
                 if !first {
                     text.push(',');
                 }
                 first = false;
                 write!(text, "{},{}", pred.mean[o], pred.std[o]).expect("write to String");
+                if with_quantiles {
+                    write!(text, ",{},{}", q05[o], q95[o]).expect("write to String");
+                }
             }
             text.push('\n');
         }

@@ -1070,6 +1070,7 @@ mod tests {
             name: name.into(),
             mean: 0.5,
             std: 2.0,
+            transform: Default::default(),
         };
         let manifest = Manifest {
             format: FORMAT.into(),

@@ -1,10 +1,14 @@
-//! Prediction in original units: the manifest's normalisation around an inference engine.
+//! Prediction in original units: the manifest's normalisation (and any target transform,
+//! [`crate::stats::TargetTransform`]) around an inference engine.
 
 use crate::artifact::Checkpoint;
 use crate::infer::{Engine, HeadOutput, InferError};
 use crate::stats::{Affine, ColumnStats};
 
-/// Predictions in original units, row-major `rows × k`.
+/// Predictions in original units, row-major `rows × k`. For a transformed target these are
+/// the predictive distribution's mean and standard deviation in original units
+/// ([`crate::stats::TargetTransform::moments`]); its intervals are not `mean ± z·std` but
+/// [`Predictor::quantiles_into`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prediction {
     /// Predicted means.
@@ -47,6 +51,11 @@ impl Predictor {
     /// Targets per row.
     pub fn n_targets(&self) -> usize {
         self.targets.len()
+    }
+
+    /// The targets' normalisation and transforms.
+    pub fn targets(&self) -> &[ColumnStats] {
+        &self.targets
     }
 
     /// The engine's name.
@@ -95,9 +104,39 @@ impl Predictor {
             .enumerate()
         {
             let t = &self.targets[i % k];
-            out.mean.push((m as f64 * t.std + t.mean) as f32);
-            out.std.push(((0.5 * lv as f64).exp() * t.std) as f32);
+            let mu = m as f64 * t.std + t.mean;
+            let sd = (0.5 * lv as f64).exp() * t.std;
+            let (mean, std) = t.transform.moments(mu, sd);
+            out.mean.push(mean as f32);
+            out.std.push(std as f32);
         }
         Ok(())
+    }
+
+    /// Whether any target is modelled through a transform (its intervals are then
+    /// asymmetric: see [`Predictor::quantiles_into`]).
+    pub fn has_transform(&self) -> bool {
+        self.targets.iter().any(|t| !t.transform.is_none())
+    }
+
+    /// The `p` quantile in original units of every output of the last
+    /// [`Predictor::predict_into`] (row-major `rows × k`, into `out`): `μ + σ·Φ⁻¹(p)` mapped
+    /// through the target's inverse transform, so a transformed target's interval respects
+    /// its support.
+    pub fn quantiles_into(&self, p: f64, out: &mut Vec<f32>) {
+        let k = self.targets.len();
+        out.clear();
+        for (i, (&m, &lv)) in self
+            .scratch_out
+            .mean
+            .iter()
+            .zip(&self.scratch_out.log_var)
+            .enumerate()
+        {
+            let t = &self.targets[i % k];
+            let mu = m as f64 * t.std + t.mean;
+            let sd = (0.5 * lv as f64).exp() * t.std;
+            out.push(t.transform.quantile(mu, sd, p) as f32);
+        }
     }
 }

@@ -58,6 +58,7 @@ pub fn network(
                         name: format!("{p}{i}"),
                         mean: 0.0,
                         std: 1.0,
+                        transform: Default::default(),
                     })
                     .collect()
             };

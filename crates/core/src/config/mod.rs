@@ -13,6 +13,7 @@ mod schema;
 mod validate;
 pub mod values;
 
+pub use kiln_model::stats::TargetTransform;
 pub use overrides::{apply_overrides, load_with_overrides};
 pub use schema::*;
 

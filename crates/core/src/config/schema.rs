@@ -395,6 +395,31 @@ pub struct SplitConfig {
     pub validation: SplitPart,
     /// Rows used only for the final report.
     pub test: SplitPart,
+    /// How the split column's dates with the year last read: `mdy` (US, `03/01/2024` is
+    /// 1 March) or `dmy` (EU, 3 January). Needed only when no value decides it (a field
+    /// above 12); ISO and `YYYY/MM/DD` dates never need it (see `kiln::data::dates`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date_format: Option<DateOrder>,
+}
+
+/// The field order of a date whose year is last (`data.split.date_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DateOrder {
+    /// Month, day, year (US: `03/01/2024` is 1 March).
+    Mdy,
+    /// Day, month, year (EU: `03/01/2024` is 3 January).
+    Dmy,
+}
+
+impl DateOrder {
+    /// The name used in configs.
+    pub fn name(self) -> &'static str {
+        match self {
+            DateOrder::Mdy => "mdy",
+            DateOrder::Dmy => "dmy",
+        }
+    }
 }
 
 /// Where the data comes from and which columns matter.
@@ -411,6 +436,12 @@ pub struct DataConfig {
     pub features: Vec<String>,
     /// Target columns.
     pub targets: Vec<String>,
+    /// Per target column, the transform its network models it in (`log`, `log1p`,
+    /// `positive` or `none`; absent: `none`). Training runs in the transformed space;
+    /// predictions, intervals and every reported metric are in original units (see
+    /// [`kiln_model::stats::TargetTransform`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub target_transform: std::collections::BTreeMap<String, kiln_model::stats::TargetTransform>,
     /// The split (see [`SplitConfig`]).
     pub split: SplitConfig,
     /// The CSV delimiter: `","`, `"\t"`, `";"` or `"|"` (absent: sniffed from the header

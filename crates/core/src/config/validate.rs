@@ -138,6 +138,23 @@ impl ExperimentConfig {
                 format!("column {t:?} is both a feature and a target"),
             );
         }
+        for (t, tr) in &self.data.target_transform {
+            if !self.data.targets.contains(t) {
+                return bad(
+                    format!("data.target_transform.{t}"),
+                    format!(
+                        "column {t:?} is not a target (data.targets: {})",
+                        self.data.targets.join(", ")
+                    ),
+                );
+            }
+            if !tr.is_none() && self.distill.is_some() {
+                return bad(
+                    format!("data.target_transform.{t}"),
+                    "a target transform cannot be combined with distillation yet (the teacher's predictions are in original units); remove one of them".into(),
+                );
+            }
+        }
         if let Some(d) = self.data.delimiter
             && ![',', '\t', ';', '|'].contains(&d)
         {

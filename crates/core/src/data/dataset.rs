@@ -59,9 +59,15 @@ fn categorical_hint(e: DataError, categorical: &[String]) -> DataError {
         } if !categorical.contains(&column) => DataError::Cell {
             path,
             line,
-            message: format!(
-                "expected a number, got {value:?}; if `{column}` holds categories, list it under data.categorical"
-            ),
+            message: if super::dates::is_date(&value) {
+                format!(
+                    "expected a number, got the date {value:?}; a date is neither a number nor a category (as one, every future date would fall in the unknown bucket): take `{column}` out of data.features and split on it (data.split.column: {column})"
+                )
+            } else {
+                format!(
+                    "expected a number, got {value:?}; if `{column}` holds categories, list it under data.categorical"
+                )
+            },
             column,
         },
         e => e,

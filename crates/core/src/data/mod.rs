@@ -3,6 +3,7 @@
 
 pub mod baseball;
 pub mod dataset;
+pub mod dates;
 pub use kiln_model::drift;
 pub mod init;
 pub mod loader;

@@ -10,8 +10,9 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use super::dates::{self, ColumnOrder};
 use super::table::{CsvTable, DataError, is_missing};
-use crate::config::{Bound, SeasonRange, SplitBy, SplitConfig, SplitPart, WindowLength};
+use crate::config::{Bound, DateOrder, SeasonRange, SplitBy, SplitConfig, SplitPart, WindowLength};
 use crate::rng::SplitMix64;
 
 /// Stream label of random and grouped splits (see [`SplitMix64::derive`]).
@@ -48,10 +49,44 @@ impl KeyKind {
 
 /// Read a split column: integers (a fractional value is an error, never truncated) or ISO
 /// 8601 dates, decided by its first non-missing cell. Missing cells are `None`.
-pub fn read_key(table: &CsvTable, column: &str) -> Result<(KeyKind, Vec<Option<i64>>), DataError> {
+pub fn read_key(
+    table: &CsvTable,
+    column: &str,
+    date_format: Option<DateOrder>,
+) -> Result<(KeyKind, Vec<Option<i64>>), DataError> {
     let idx = table.column_index(column)?;
     let first = table.column_cells(idx).find(|c| !is_missing(c));
     let numeric = first.is_some_and(|c| c.trim().parse::<f64>().is_ok());
+    // Dates with the year last: the column's values, or data.split.date_format, decide
+    // whether they are month or day first.
+    let order = if numeric {
+        None
+    } else {
+        let cells: Vec<_> = table
+            .column_cells(idx)
+            .filter(|c| !is_missing(c))
+            .collect();
+        match (dates::column_order(cells.iter().map(|c| c.as_ref())), date_format) {
+            (ColumnOrder::Ambiguous(example), None) => {
+                return Err(split_err(
+                    &table.path,
+                    format!(
+                        "column `{column}` holds dates like {example:?} that read month first (US) or day first (EU), and no value decides which: set data.split.date_format: mdy or dmy"
+                    ),
+                ));
+            }
+            (ColumnOrder::Mixed(d, m), None) => {
+                return Err(split_err(
+                    &table.path,
+                    format!(
+                        "column `{column}` mixes day-first dates ({d:?}) and month-first ones ({m:?}); one column needs one format"
+                    ),
+                ));
+            }
+            (ColumnOrder::Decided(o), None) => Some(o),
+            (_, given) => given,
+        }
+    };
     let mut with_time = false;
     let mut out = Vec::with_capacity(table.n_rows());
     for (r, &line) in table.lines.iter().enumerate() {
@@ -78,8 +113,8 @@ pub fn read_key(table: &CsvTable, column: &str) -> Result<(KeyKind, Vec<Option<i
             }
             out.push(Some(v as i64));
         } else {
-            let dt = parse_datetime(cell).ok_or_else(|| {
-                bad("an ISO 8601 date YYYY-MM-DD or datetime YYYY-MM-DDTHH:MM:SS[Z] (the split column's first value is not a number)")
+            let dt = dates::parse_date(cell, order).ok_or_else(|| {
+                bad("an ISO 8601 date YYYY-MM-DD or datetime YYYY-MM-DDTHH:MM:SS[Z], or a date MM/DD/YYYY, DD/MM/YYYY, DD.MM.YYYY or YYYY/MM/DD as data.split.date_format says (the split column's first value is not a number)")
             })?;
             with_time |= dt.has_time;
             out.push(Some(dt.seconds));
@@ -254,7 +289,7 @@ fn window(
 }
 
 fn by_column(table: &CsvTable, cfg: &SplitConfig, column: &str) -> Result<Assignment, DataError> {
-    let (kind, keys) = read_key(table, column)?;
+    let (kind, keys) = read_key(table, column, cfg.date_format)?;
     // A range's ends must be of the column's kind.
     for (p, name) in [&cfg.train, &cfg.validation, &cfg.test]
         .iter()

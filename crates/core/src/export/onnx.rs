@@ -318,6 +318,16 @@ pub enum OnnxError {
     /// A file given to [`decode`] is not an ONNX model.
     #[error("not an ONNX model: {0}")]
     Decode(String),
+    /// A target is modelled through a transform, which the ONNX graph does not carry.
+    #[error(
+        "target `{target}` is trained with target_transform `{transform}`: the ONNX graph gives the transformed space's mean and std, not original units, so kiln refuses to export it (serve it with `kiln serve` or `kiln predict`, which apply the inverse, or train without the transform)"
+    )]
+    TargetTransform {
+        /// The target.
+        target: String,
+        /// The transform's name.
+        transform: &'static str,
+    },
 }
 
 /// What [`export_file`] wrote.
@@ -733,6 +743,17 @@ pub fn decode(bytes: &[u8]) -> Result<ModelProto, OnnxError> {
 /// rename).
 pub fn export_file(checkpoint: &Path, out: &Path) -> Result<OnnxSummary, OnnxError> {
     let ckpt = Checkpoint::load(checkpoint)?;
+    if let Some(t) = ckpt
+        .manifest
+        .targets
+        .iter()
+        .find(|t| !t.transform.is_none())
+    {
+        return Err(OnnxError::TargetTransform {
+            target: t.name.clone(),
+            transform: t.transform.name(),
+        });
+    }
     let model = model_proto(&ckpt);
     let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
     let bytes = model.encode_to_vec();

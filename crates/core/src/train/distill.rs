@@ -78,6 +78,7 @@ pub fn widen_targets(
         name: format!("{}_teacher_std", s.name),
         mean: 0.0,
         std: s.std,
+        transform: Default::default(),
     }));
     (out, stats)
 }
@@ -225,6 +226,7 @@ mod tests {
             name: "y".into(),
             mean: 1.0,
             std: 2.0,
+            transform: Default::default(),
         }];
         let (w, s) = widen_targets(&[5.0, 6.0], &[4.0, 7.0], &[0.5, 1.5], &stats);
         assert_eq!(w, vec![5.0, 4.0, 0.5, 6.0, 7.0, 1.5]);

@@ -190,17 +190,29 @@ pub fn evaluate_weighted(
     let w = weights;
     let mut reports = Vec::with_capacity(k);
     for j in 0..k {
-        let tm = targets[j].mean;
+        let (tm, tr) = (targets[j].mean, targets[j].transform);
         let (y, mu, sd) = target_columns(pred, &split.y, targets, j);
-        let train_mean = vec![tm; rows];
+        let cv_sd = vec![constant_variance[j].max(1e-300).sqrt(); rows];
+        // A transformed target (`y`, `mu`, `sd` are then in the transformed space) is scored
+        // in original units: the point prediction is the predictive mean, the training-mean
+        // baseline the mean of the training split's fitted transformed normal.
+        let (y, mu, model, constant, train_mean) = if tr.is_none() {
+            let model = u::gaussian_scores(&y, &mu, &sd, w);
+            let constant = u::gaussian_scores(&y, &mu, &cv_sd, w);
+            (y, mu, model, constant, vec![tm; rows])
+        } else {
+            let model = u::transformed_scores(&y, &mu, &sd, tr, w);
+            let constant = u::transformed_scores(&y, &mu, &cv_sd, tr, w);
+            let point: Vec<f64> = (0..rows).map(|i| tr.moments(mu[i], sd[i]).0).collect();
+            let y: Vec<f64> = y.iter().map(|&z| tr.inverse(z)).collect();
+            let base = tr.moments(tm, targets[j].std).0;
+            (y, point, model, constant, vec![base; rows])
+        };
         let persist: Option<Vec<f64>> = persistence[j].map(|f| {
             (0..rows)
                 .map(|i| split.x[i * n_features + f] as f64)
                 .collect()
         });
-        let cv_sd = vec![constant_variance[j].max(1e-300).sqrt(); rows];
-        let model = u::gaussian_scores(&y, &mu, &sd, w);
-        let constant = u::gaussian_scores(&y, &mu, &cv_sd, w);
         let mse = u::mse(&y, &mu, w);
         let mse_p = persist.as_ref().map(|p| u::mse(&y, p, w));
         let mse_m = u::mse(&y, &train_mean, w);
@@ -326,11 +338,13 @@ mod tests {
                 name: "a".into(),
                 mean: 0.0,
                 std: 1.0,
+                transform: Default::default(),
             },
             ColumnStats {
                 name: "b".into(),
                 mean: 0.0,
                 std: 2.0,
+                transform: Default::default(),
             },
         ];
         let y = vec![1.0, 2.0, -1.0, -2.0, 0.5, 1.0];
@@ -348,6 +362,7 @@ mod tests {
             name: "hr_rate".into(),
             mean: 1.0,
             std: 2.0,
+            transform: Default::default(),
         }];
         let split = Subset {
             x: vec![2.0, 0.0],
@@ -425,6 +440,7 @@ mod tests {
             name: "y".into(),
             mean: 0.0,
             std: 3.0,
+            transform: Default::default(),
         }];
         // Residuals ±2 in original units with σ = 3·exp(0) = 3 → s² = 4/9.
         let pred = SplitPredictions {

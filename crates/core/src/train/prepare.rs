@@ -5,6 +5,7 @@ use crate::config::ExperimentConfig;
 use crate::data::dataset::fit_stats_weighted;
 use crate::data::{ColumnStats, DataError, Dataset};
 use crate::model::RegressionNetConfig;
+use kiln_model::stats::TargetTransform;
 
 /// Everything fit from the training split before the first step.
 pub struct Prepared {
@@ -24,12 +25,16 @@ pub struct Prepared {
 impl Prepared {
     /// Load the dataset and fit the normalisation on the training split.
     pub fn new(cfg: &ExperimentConfig) -> Result<Self, DataError> {
-        Ok(Self::from_dataset(cfg, Dataset::load(&cfg.data)?))
+        Self::from_dataset(cfg, Dataset::load(&cfg.data)?)
     }
 
     /// Fit the normalisation on the training split of `data`, already read from `cfg.data`
-    /// (a training run reads its data file once, whatever its passes).
-    pub fn from_dataset(cfg: &ExperimentConfig, mut data: Dataset) -> Self {
+    /// (a training run reads its data file once, whatever its passes). Targets with a
+    /// `data.target_transform` are transformed first (every split), so that training and the
+    /// normalisation run in the transformed space; a value outside the transform's support
+    /// is an error naming the row.
+    pub fn from_dataset(cfg: &ExperimentConfig, mut data: Dataset) -> Result<Self, DataError> {
+        let transforms = transform_targets(cfg, &mut data)?;
         let split_train_rows = data.train.rows();
         if cfg.refit_pass.is_some() {
             // The refit pass trains on train + validation (validation stays as it is, for
@@ -44,20 +49,23 @@ impl Prepared {
         }
         let w = data.train.weights();
         let x_stats = fit_stats_weighted(&data.features, &data.train.x, w);
-        let y_stats = fit_stats_weighted(&data.targets, &data.train.y, w);
+        let mut y_stats = fit_stats_weighted(&data.targets, &data.train.y, w);
+        for (s, t) in y_stats.iter_mut().zip(transforms) {
+            s.transform = t;
+        }
         let arch = RegressionNetConfig {
             n_features: data.n_features(),
             hidden: cfg.model.hidden.clone(),
             n_targets: data.n_targets(),
             activation: cfg.model.activation,
         };
-        Self {
+        Ok(Self {
             data,
             split_train_rows,
             x_stats,
             y_stats,
             arch,
-        }
+        })
     }
 
     /// For each target, the feature holding last season's value (`<target>_l1`).
@@ -75,6 +83,60 @@ impl Prepared {
     }
 }
 
+/// Apply `data.target_transform` to the targets of every split in place; returns each
+/// target's transform (in `data.targets` order).
+fn transform_targets(
+    cfg: &ExperimentConfig,
+    data: &mut Dataset,
+) -> Result<Vec<TargetTransform>, DataError> {
+    let transforms: Vec<TargetTransform> = data
+        .targets
+        .iter()
+        .map(|t| {
+            cfg.data
+                .target_transform
+                .get(t)
+                .copied()
+                .unwrap_or_default()
+        })
+        .collect();
+    let k = transforms.len();
+    if transforms.iter().all(TargetTransform::is_none) {
+        return Ok(transforms);
+    }
+    for (split, sub) in [
+        ("train", &mut data.train),
+        ("validation", &mut data.validation),
+        ("test", &mut data.test),
+    ] {
+        for (o, y) in sub.y.iter_mut().enumerate() {
+            let t = transforms[o % k];
+            if t.is_none() {
+                continue;
+            }
+            match t.forward(*y as f64) {
+                Some(z) if (z as f32).is_finite() => *y = z as f32,
+                _ => {
+                    let row = sub.source_rows.get(o / k).copied().unwrap_or(o / k);
+                    return Err(DataError::Cell {
+                        path: cfg.data.path.clone(),
+                        line: row as u64 + 2,
+                        column: data.targets[o % k].clone(),
+                        message: format!(
+                            "{} (data row {}, {split} split): the target transform `{}` needs {}; use `log1p` for a target with zeros, or `none`",
+                            y,
+                            row + 1,
+                            t.name(),
+                            t.support()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok(transforms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,13 +151,13 @@ mod tests {
         let csv = "season,a,w,y\n2000,1,1,1\n2001,3,0.5,3\n2002,5,2,5\n2002,6,1,6\n2003,7,1,7\n";
         let table = CsvTable::from_bytes(csv.as_bytes(), Path::new("t.csv")).unwrap();
         let data = Dataset::from_table(&cfg.data, &table, String::new()).unwrap();
-        let selection = Prepared::from_dataset(&cfg, data.clone());
+        let selection = Prepared::from_dataset(&cfg, data.clone()).unwrap();
         assert_eq!(selection.split_train_rows, 2);
         assert_eq!(selection.data.train.rows(), 2);
         cfg.refit_pass = Some(RefitPass {
             provenance: Default::default(),
         });
-        let refit = Prepared::from_dataset(&cfg, data);
+        let refit = Prepared::from_dataset(&cfg, data).unwrap();
         // The file's training split is still the first two rows; validation's follow them,
         // each with its weight (the loader needs one per row).
         assert_eq!(refit.split_train_rows, 2);

@@ -102,7 +102,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         let started = Instant::now();
         let cfg = &job.config.config;
         let reporter = Reporter::new(job.progress);
-        let prep = Prepared::from_dataset(cfg, data.clone());
+        let prep = Prepared::from_dataset(cfg, data.clone())?;
         let (x_aff, y_aff) = (Affine::new(&prep.x_stats), Affine::new(&prep.y_stats));
         describe(&reporter, &prep);
         let loader = loader(job, &prep, &x_aff, &y_aff, &reporter)?;

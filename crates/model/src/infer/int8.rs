@@ -1040,10 +1040,20 @@ pub fn int8_accuracy_on(
         for r in 0..rows {
             let mu = o.mean[r * k + j] as f64 * t.std + t.mean;
             let lv = o.log_var[r * k + j] as f64 + 2.0 * t.std.ln();
-            let d = y_raw[r * k + j] as f64 - mu;
+            let y = y_raw[r * k + j] as f64;
+            // A transformed target is scored in original units: the predictive mean, and
+            // the density of y (the transformed NLL minus ln |dz/dy|).
+            let (point, z, jac) = match t.transform.forward(y) {
+                Some(z) if !t.transform.is_none() => (
+                    t.transform.moments(mu, (0.5 * lv).exp()).0,
+                    z,
+                    t.transform.log_jacobian(y),
+                ),
+                _ => (mu, y, 0.0),
+            };
+            let d = y - point;
             se += d * d;
-            nll += crate::util::gaussian_nll(y_raw[r * k + j] as f64, mu, lv)
-                + crate::util::HALF_LN_2PI;
+            nll += crate::util::gaussian_nll(z, mu, lv) + crate::util::HALF_LN_2PI - jac;
         }
         let n = rows.max(1) as f64;
         (se / n, nll / n)

@@ -14,6 +14,7 @@ fn column(name: &str, mean: f64, std: f64) -> ColumnStats {
         name: name.into(),
         mean,
         std,
+        transform: Default::default(),
     }
 }
 
