@@ -339,7 +339,7 @@ impl Default for ReadLimits {
 /// `n` bytes in the largest binary unit that keeps it whole (`4 GiB`, `1536 KiB`, `17 B`).
 pub fn bytes_text(n: u64) -> String {
     for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{} {unit}", n >> shift);
         }
     }
