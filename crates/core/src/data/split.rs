@@ -62,11 +62,11 @@ pub fn read_key(
     let order = if numeric {
         None
     } else {
-        let cells: Vec<_> = table
-            .column_cells(idx)
-            .filter(|c| !is_missing(c))
-            .collect();
-        match (dates::column_order(cells.iter().map(|c| c.as_ref())), date_format) {
+        let cells: Vec<_> = table.column_cells(idx).filter(|c| !is_missing(c)).collect();
+        match (
+            dates::column_order(cells.iter().map(|c| c.as_ref())),
+            date_format,
+        ) {
             (ColumnOrder::Ambiguous(example), None) => {
                 return Err(split_err(
                     &table.path,
