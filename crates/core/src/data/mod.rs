@@ -2,6 +2,7 @@
 //! dataset builders (baseball, synthetic).
 
 pub mod baseball;
+pub mod column;
 pub mod dataset;
 pub mod dates;
 pub use kiln_model::drift;

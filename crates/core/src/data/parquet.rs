@@ -20,7 +20,7 @@ use parquet::data_type::DataType;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnDescPtr;
 
-use super::table::{Column, ReadLimits, bytes_text};
+use super::column::{Column, ReadLimits, bytes_text};
 use crate::config::values::format_datetime;
 
 /// Whether `bytes` start like a Parquet file (`PAR1`).

@@ -1,5 +1,6 @@
 //! CSV → named columns, with errors that name the file, line and column.
 
+pub use super::column::{Column, ReadLimits, bytes_text};
 pub use kiln_model::preprocess::{is_missing, parse_finite};
 use std::path::{Path, PathBuf};
 
@@ -176,219 +177,6 @@ pub struct CsvTable {
     pub lines: Vec<u64>,
 }
 
-/// The cells of one column of a [`CsvTable`] (opaque: read them with [`CsvTable::cell`]).
-#[derive(Debug, Clone)]
-pub enum Column {
-    #[doc(hidden)]
-    /// Every cell so far is empty (NaN here) or exactly the text `format!("{x}")` of an
-    /// `f32` `x` that its text parses back to (through `f64`, as [`parse_finite`] reads).
-    F32(Vec<f32>),
-    /// Any text: the cells one after another, and where each ends.
-    #[doc(hidden)]
-    Text {
-        /// The cells' text, concatenated.
-        text: String,
-        /// The end (exclusive) of each cell in `text`.
-        ends: Vec<u64>,
-    },
-}
-
-/// A fixed buffer that `f32` text is written into without allocating.
-struct Digits {
-    buf: [u8; 64],
-    len: usize,
-}
-
-impl std::fmt::Write for Digits {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let end = self.len + s.len();
-        if end > self.buf.len() {
-            return Err(std::fmt::Error);
-        }
-        self.buf[self.len..end].copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
-
-/// The `f32` a cell is stored as, when its text is exactly that value's shortest text and
-/// reads back (through `f64`) to it; NaN for an empty cell.
-fn exact_f32(cell: &str) -> Option<f32> {
-    use std::fmt::Write;
-    if cell.is_empty() {
-        return Some(f32::NAN);
-    }
-    let first = cell.as_bytes()[0];
-    if !(first.is_ascii_digit() || first == b'-') {
-        return None;
-    }
-    let x = cell.parse::<f64>().ok()? as f32;
-    if !x.is_finite() {
-        return None;
-    }
-    let mut d = Digits {
-        buf: [0; 64],
-        len: 0,
-    };
-    write!(d, "{x}").ok()?;
-    (&d.buf[..d.len] == cell.as_bytes()).then_some(x)
-}
-
-impl Default for Column {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Column {
-    /// An empty column.
-    pub fn new() -> Self {
-        Column::F32(Vec::new())
-    }
-
-    /// Its number of cells.
-    pub fn len(&self) -> usize {
-        match self {
-            Column::F32(v) => v.len(),
-            Column::Text { ends, .. } => ends.len(),
-        }
-    }
-
-    /// Whether it has no cells.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Append a cell.
-    pub fn push(&mut self, cell: &str) {
-        if let Column::F32(v) = self {
-            if let Some(x) = exact_f32(cell) {
-                v.push(x);
-                return;
-            }
-            let mut text = String::new();
-            let mut ends = Vec::with_capacity(v.len() + 1);
-            for &x in v.iter() {
-                if !x.is_nan() {
-                    use std::fmt::Write;
-                    let _ = write!(text, "{x}");
-                }
-                ends.push(text.len() as u64);
-            }
-            *self = Column::Text { text, ends };
-        }
-        if let Column::Text { text, ends } = self {
-            text.push_str(cell);
-            ends.push(text.len() as u64);
-        }
-    }
-
-    fn get(&self, r: usize) -> std::borrow::Cow<'_, str> {
-        use std::borrow::Cow;
-        match self {
-            Column::F32(v) if v[r].is_nan() => Cow::Borrowed(""),
-            Column::F32(v) => Cow::Owned(format!("{}", v[r])),
-            Column::Text { text, ends } => {
-                let from = if r == 0 { 0 } else { ends[r - 1] as usize };
-                Cow::Borrowed(&text[from..ends[r] as usize])
-            }
-        }
-    }
-
-    /// Give back spare capacity.
-    pub fn shrink(&mut self) {
-        match self {
-            Column::F32(v) => v.shrink_to_fit(),
-            Column::Text { text, ends } => {
-                text.shrink_to_fit();
-                ends.shrink_to_fit();
-            }
-        }
-    }
-}
-
-/// Bounds on what reading one table may take, so that a hostile or damaged file (a gzip
-/// bomb, a sparse file without newlines, a Parquet footer that lies about its size, one huge
-/// value repeated through a dictionary) ends in a clear error naming the file and the limit
-/// instead of exhausting memory. Each is read from an environment variable (see
-/// docs/data.md, "Limits"); sizes accept a `k`/`m`/`g` (binary) suffix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadLimits {
-    /// Bytes of text a CSV file may inflate to (after gzip), and bytes the table may hold
-    /// once read (`KILN_MAX_TABLE_BYTES`, default 4 GiB).
-    pub max_bytes: u64,
-    /// Bytes of one CSV line (`KILN_MAX_LINE_BYTES`, default 16 MiB).
-    pub max_line_bytes: u64,
-    /// Bytes of one value, CSV or Parquet (`KILN_MAX_CELL_BYTES`, default 64 KiB).
-    pub max_cell_bytes: u64,
-    /// Columns of one table (`KILN_MAX_COLUMNS`, default 16,384).
-    pub max_columns: usize,
-}
-
-impl Default for ReadLimits {
-    fn default() -> Self {
-        Self {
-            max_bytes: 4 << 30,
-            max_line_bytes: 16 << 20,
-            max_cell_bytes: 64 << 10,
-            max_columns: 16_384,
-        }
-    }
-}
-
-/// `n` bytes in the largest binary unit that keeps it whole (`4 GiB`, `1536 KiB`, `17 B`).
-pub fn bytes_text(n: u64) -> String {
-    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
-            return format!("{} {unit}", n >> shift);
-        }
-    }
-    format!("{n} B")
-}
-
-fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let lower = t.to_ascii_lowercase();
-    let lower = lower.trim_end_matches("ib").trim_end_matches('b');
-    let (digits, shift) = match lower.chars().last()? {
-        'k' => (&lower[..lower.len() - 1], 10),
-        'm' => (&lower[..lower.len() - 1], 20),
-        'g' => (&lower[..lower.len() - 1], 30),
-        _ => (lower, 0),
-    };
-    digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
-impl ReadLimits {
-    /// The limits from `KILN_MAX_TABLE_BYTES`, `KILN_MAX_LINE_BYTES`, `KILN_MAX_CELL_BYTES`
-    /// and `KILN_MAX_COLUMNS` (each unset: its default); a value that is not a positive size
-    /// is an error naming the variable.
-    pub fn from_env() -> Result<Self, DataError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-
-    /// [`ReadLimits::from_env`] over any lookup (tests).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DataError> {
-        let d = Self::default();
-        let size = |key: &str, default: u64| -> Result<u64, DataError> {
-            match get(key) {
-                None => Ok(default),
-                Some(v) => parse_size(&v).filter(|&n| n > 0).ok_or_else(|| {
-                    DataError::Other(format!(
-                        "{key}: expected a positive number of bytes (e.g. 4g, 512m, 1048576), got {v:?}"
-                    ))
-                }),
-            }
-        };
-        Ok(Self {
-            max_bytes: size("KILN_MAX_TABLE_BYTES", d.max_bytes)?,
-            max_line_bytes: size("KILN_MAX_LINE_BYTES", d.max_line_bytes)?,
-            max_cell_bytes: size("KILN_MAX_CELL_BYTES", d.max_cell_bytes)?,
-            max_columns: size("KILN_MAX_COLUMNS", d.max_columns as u64)? as usize,
-        })
-    }
-}
-
 /// Which limit a stream passed (carried inside an `io::Error` through the CSV reader).
 #[derive(Debug)]
 enum LimitHit {
@@ -557,7 +345,7 @@ impl CsvTable {
     ) -> Result<(Self, Option<String>), DataError> {
         use crate::config::DataFormat;
         use std::io::{Seek, SeekFrom};
-        let limits = ReadLimits::from_env()?;
+        let limits = ReadLimits::from_env().map_err(DataError::Other)?;
         let io = |source| DataError::Io {
             path: path.to_path_buf(),
             source,
@@ -566,8 +354,11 @@ impl CsvTable {
         let parquet = match format {
             Some(f) => f == DataFormat::Parquet,
             None => {
+                // A pipe or other stream cannot be sniffed at both ends without reading it
+                // twice: only a regular file is; a stream is CSV unless its name says Parquet.
                 DataFormat::of(path, None) == DataFormat::Parquet
-                    || file_is_parquet(&mut file).map_err(io)?
+                    || (file.metadata().map_err(io)?.is_file()
+                        && file_is_parquet(&mut file).map_err(io)?)
             }
         };
         if parquet {
@@ -633,7 +424,7 @@ impl CsvTable {
             }
         };
         if parquet {
-            let limits = ReadLimits::from_env()?;
+            let limits = ReadLimits::from_env().map_err(DataError::Other)?;
             Self::from_parquet(super::parquet::read_with(bytes, &limits), path)
         } else {
             Self::from_bytes_with(&bytes, path, delimiter)
@@ -652,7 +443,12 @@ impl CsvTable {
         path: &Path,
         delimiter: Option<u8>,
     ) -> Result<Self, DataError> {
-        Self::from_reader(bytes, path, delimiter, &ReadLimits::from_env()?)
+        Self::from_reader(
+            bytes,
+            path,
+            delimiter,
+            &ReadLimits::from_env().map_err(DataError::Other)?,
+        )
     }
 
     /// Parse a CSV stream (gzip-compressed when it starts with the gzip magic bytes) within
@@ -1204,7 +1000,7 @@ mod tests {
             "t.csv: the header has 4 columns, past the 3 limit (KILN_MAX_COLUMNS)"
         );
         // Materialised bytes: many short rows.
-        let rows: String = "a,b\n".to_string() + &"1,2\n".repeat(20_000);
+        let rows: String = "a,b\n".to_string() + &"1,2\n".repeat(200_000);
         let e = read(rows.as_bytes(), &small);
         assert!(
             e.starts_with("t.csv: the table needs more than the 1 MiB limit (KILN_MAX_TABLE_BYTES) once read (at line "),
