@@ -31,7 +31,8 @@ pub enum Activation {
     /// max(x, 0).
     #[default]
     Relu,
-    /// Gaussian error linear unit (tanh approximation).
+    /// Gaussian error linear unit, the exact (erf) form `x/2 · (1 + erf(x/√2))` (Burn's
+    /// `gelu`; `fused` and the GPU kernel compute the same).
     Gelu,
     /// Hyperbolic tangent.
     Tanh,
