@@ -40,12 +40,6 @@ use kiln_model::latency::LatencyReport;
 use kiln_model::preprocess::EncodeCounts;
 use serde::Serialize;
 
-/// The cold-call cost (µs) a learned serving factor may cover beyond
-/// [`WatchConfig::latency_max_serving_factor`]: a model computing in 0.2 µs in a hot loop
-/// takes a few µs as one isolated call (measured 6 µs on a busy 2-core machine), a ratio of
-/// 30 that no ratio cap should call a regression; for a 10 µs model this adds 1 to the cap.
-pub const COLD_CALL_US: f64 = 10.0;
-
 /// Batches per bucket the latency watch keeps.
 pub const LATENCY_WINDOW: usize = 256;
 /// Batches between two evaluations of a bucket's window.
@@ -572,18 +566,14 @@ impl LatencyWatch {
         let Some(factor) = b.factor else {
             b.learning.push(live / base);
             if b.learning.len() >= self.learn {
-                // The cap is a ratio for models whose hot loop is long, and a fixed cost of
-                // a cold call (cache misses, timer, wake-up; [`COLD_CALL_US`]) for models
-                // whose hot loop is sub-microsecond, where any ratio cap would alarm.
-                let cap = self.max_factor.max(1.0 + COLD_CALL_US / base.max(1e-3));
-                let learned = median(b.learning.drain(..)).clamp(1.0, cap);
+                let learned = median(b.learning.drain(..)).clamp(1.0, self.max_factor);
                 b.factor = Some(learned);
                 tracing::info!(
                     "{}: batches of up to {} rows compute at {:.2}× the checkpoint's hot-loop p50 when served (the latency watch's serving factor; at most {:.1})",
                     self.label,
                     b.size,
                     learned,
-                    cap
+                    self.max_factor
                 );
             }
             return;
