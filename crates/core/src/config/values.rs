@@ -36,6 +36,29 @@ fn leap(y: i64) -> bool {
     (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
 }
 
+/// Days from 1970-01-01 to `y-m-d`; `None` when that is no calendar date (month 13, 30
+/// February, day 0). The one date check of ISO values here and of `data::dates`.
+pub fn civil_days(y: i64, m: u32, d: u32) -> Option<i64> {
+    let days_in = [
+        31,
+        if leap(y) { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&m) || d == 0 || d > days_in[m as usize - 1] {
+        return None;
+    }
+    Some(days_from_civil(y, m, d))
+}
+
 /// A parsed ISO 8601 date or datetime: seconds since 1970-01-01T00:00:00Z, and whether a
 /// time of day was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,24 +86,7 @@ pub fn parse_datetime(s: &str) -> Option<DateTime> {
         return None;
     }
     let (y, m, d) = (num(0..4)?, num(5..7)? as u32, num(8..10)? as u32);
-    let days_in = [
-        31,
-        if leap(y) { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if !(1..=12).contains(&m) || d == 0 || d > days_in[m as usize - 1] {
-        return None;
-    }
-    let day = days_from_civil(y, m, d) * DAY;
+    let day = civil_days(y, m, d)? * DAY;
     if b.len() == 10 {
         return Some(DateTime {
             seconds: day,

@@ -70,35 +70,6 @@ fn fields(s: &str) -> Option<Fields> {
     })
 }
 
-/// Days from 1970-01-01 to a valid calendar date.
-fn days_from_civil(y: i64, m: i64, d: i64) -> Option<i64> {
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let days_in = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if !(1..=12).contains(&m) || d < 1 || d > days_in[(m - 1) as usize] {
-        return None;
-    }
-    // Count from 0000-03-01 so that the leap day ends a year.
-    let (y, m) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    Some(era * 146_097 + doe - 719_468)
-}
-
 /// Parse a date or datetime: ISO 8601 as [`parse_datetime`] reads it, else one of the forms
 /// of this module. A `/` date with the year last needs `order` unless one of its first two
 /// fields is above 12 (then only one order is a date); a `.` date is day first unless
@@ -123,7 +94,8 @@ pub fn parse_date(s: &str, order: Option<DateOrder>) -> Option<DateTime> {
             DateOrder::Dmy => (c, b, a),
         }
     };
-    let days = days_from_civil(y, m, d)?;
+    let days =
+        crate::config::values::civil_days(y, u32::try_from(m).ok()?, u32::try_from(d).ok()?)?;
     Some(DateTime {
         seconds: days * 86_400 + f.time.unwrap_or(0),
         has_time: f.time.is_some(),
