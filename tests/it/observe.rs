@@ -30,13 +30,15 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
         "profile.enabled=true".to_string(),
         "profile.wait=2".to_string(),
         "profile.warmup=1".to_string(),
-        "profile.active=3".to_string(),
+        "profile.active=5".to_string(),
         "profile.record_shapes=true".to_string(),
         "profile.profile_memory=true".to_string(),
         "profile.with_stack=true".to_string(),
-        // One queued batch per worker: a worker starts its next load only when the step takes
-        // its last one, so loads begin inside the recorded steps however fast a step is (with
-        // deeper prefetch the workers can finish every load before the window opens).
+        // One queued batch per worker (two workers): a worker starts loading batch b + 2 only
+        // after pushing batch b, which waits for the step to take batch b − 2. So batch 7 is
+        // loaded after step 3 took batch 3 and before step 7 takes it: with steps 3..=7
+        // recorded, at least one whole load lies inside the window whatever the scheduler
+        // does (a shorter window leaves it to timing: CI once saw none).
         "loader.prefetch=2".to_string(),
     ];
     let (c, text) = config::apply_overrides(&loaded.config, &sets, &loaded.path).unwrap();
@@ -46,7 +48,7 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     let out = train_cpu(&loaded, tmp.path()).unwrap().outcome;
     let run = out.run.clone();
 
-    // Chrome trace: complete events, module paths, the step's phases, steps 3..=5 only.
+    // Chrome trace: complete events, module paths, the step's phases, steps 3..=7 only.
     let all = events(&run.path.join("profile/trace.json"));
     let phase = |ph: &str| -> Vec<serde_json::Value> {
         all.iter().filter(|e| e["ph"] == ph).cloned().collect()
@@ -75,20 +77,20 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
-    // Steps 3..=5 are in the MSE stage, whose loss reads no log-variance: that head's
+    // Steps 3..=7 are in the MSE stage, whose loss reads no log-variance: that head's
     // forward pass is left out of the step.
     assert!(
         !names.contains(&"RegressionNet/logvar_head"),
         "an MSE step runs the log-variance head: {names:?}"
     );
-    assert_eq!(names.iter().filter(|n| **n == "train_step").count(), 3);
+    assert_eq!(names.iter().filter(|n| **n == "train_step").count(), 5);
     let mut steps: Vec<u64> = ev
         .iter()
         .map(|e| e["args"]["step"].as_u64().unwrap())
         .collect();
     steps.sort();
     steps.dedup();
-    assert_eq!(steps, vec![3, 4, 5]);
+    assert_eq!(steps, vec![3, 4, 5, 6, 7]);
     for e in &ev {
         assert_eq!(e["ph"], "X");
         assert!(e["dur"].as_f64().unwrap() >= 0.0);
@@ -159,7 +161,7 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     }
     // The table: totals add up.
     let t = KeyAverages::load(&run.path.join("profile/key_averages.json")).unwrap();
-    assert_eq!(t.steps, 3);
+    assert_eq!(t.steps, 5);
     for r in &t.rows {
         assert!(r.self_us <= r.total_us + 1e-6, "{r:?}");
     }
