@@ -70,7 +70,14 @@ pub fn run(args: TrainArgs<'_>) -> CliResult {
 fn print_summary(s: &RunSummary, quiet: bool) {
     let o = &s.outcome;
     if let Some(d) = &o.export_dir {
-        println!("{}", d.display());
+        // Absolute: a nightly script hands it to `kiln promote` or `kiln serve` from another
+        // working directory.
+        println!(
+            "{}",
+            std::path::absolute(d)
+                .unwrap_or_else(|_| d.clone())
+                .display()
+        );
     }
     if quiet {
         return;

@@ -3,7 +3,9 @@
 //! dictionary, a gzip bomb, a sparse multi-GB file, 100k columns, one 10 MB line, invalid
 //! UTF-8, a truncated gzip and a truncated Parquet file. Every command that reads the data
 //! (`kiln init`, `kiln config check`, `kiln train`, `kiln predict`) must end with exit 2 and
-//! a message naming the file: never a panic (101) or an abort (134).
+//! a message naming the file: never a panic (101) or an abort (134). A hostile column that
+//! no config uses is never read (`config check` and `train` read only the configured
+//! columns; `init` and `predict` read every column).
 
 use crate::common::*;
 use std::io::Write;
@@ -70,7 +72,14 @@ fn parquet_rows(path: &Path, rows: usize, blob: Option<&str>) {
     for (j, _) in names.iter().enumerate() {
         let mut c = g.next_column().unwrap().unwrap();
         let v: Vec<f64> = (0..rows)
-            .map(|i| if j == 0 { (2005 + i % 15) as f64 } else { 0.5 })
+            .map(|i| {
+                if j == 0 {
+                    (2005 + i % 15) as f64
+                } else {
+                    // Values that vary, so that a file a config can train on trains.
+                    0.1 + ((i * (j + 3)) % 17) as f64 * 0.01
+                }
+            })
             .collect();
         c.typed::<DoubleType>().write_batch(&v, None, None).unwrap();
         c.close().unwrap();
@@ -157,8 +166,10 @@ fn hostile_set(dir: &Path) -> Vec<(PathBuf, Vec<(&'static str, &'static str)>)> 
         lying_parquet(&p, rows);
         set.push((p, vec![]));
     }
-    // Dictionary amplification: one 1 MiB string in 6,000 rows, in a column that is no
-    // feature: refused by the value limit, and (with that raised) by the table limit.
+    // Dictionary amplification: one 1 MiB string in 6,000 rows, in a column `note`: refused
+    // by the value limit, and (with that raised) by the table limit, wherever it is read —
+    // `init` and `predict` read every column, and the configs below list `note` as a
+    // feature (a column no config uses is never read: see the test after this one).
     let blob = "x".repeat(1 << 20);
     let p = dir.join("dictionary.parquet");
     parquet_rows(&p, 6000, Some(&blob));
@@ -257,7 +268,7 @@ fn every_command_refuses_every_hostile_file_with_exit_2_naming_it() {
             &env,
         );
         assert_refused("init", &file, &o);
-        let cfg = tiny_config(&case, &case.join("out"), &[("datasets/baseball.csv", f)]);
+        let cfg = config_reading_note(&case, f);
         let cfg = cfg.to_str().unwrap();
         assert_refused(
             "config check",
@@ -281,6 +292,86 @@ fn every_command_refuses_every_hostile_file_with_exit_2_naming_it() {
     }
 }
 
+/// The tiny config on `file`, with the hostile set's `note` column (where a file has one)
+/// as a categorical feature, so that training reads it.
+fn config_reading_note(dir: &Path, file: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut subst = vec![("datasets/baseball.csv", file.to_string())];
+    if file.contains("dictionary") {
+        subst.push(("  features: [age,", "  features: [note, age,".to_string()));
+        subst.push((
+            "  predict_missing: refuse\n",
+            "  predict_missing: refuse\n  categorical: [note]\n".to_string(),
+        ));
+    }
+    let subst: Vec<(&str, &str)> = subst.iter().map(|(a, b)| (*a, b.as_str())).collect();
+    tiny_config(dir, &dir.join("out"), &subst)
+}
+
+/// A column no config uses is never read: the dictionary file whose 1 MiB string sits in an
+/// unused column checks and trains (within a 64 MiB table limit the string alone would pass
+/// 90 times over), and a CSV whose unused column holds values past the cell limit checks.
+#[test]
+fn a_hostile_column_no_config_uses_is_never_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let blob = "x".repeat(1 << 20);
+    let p = tmp.path().join("dictionary.parquet");
+    parquet_rows(&p, 6000, Some(&blob));
+    let f = p.to_str().unwrap();
+    let cfg = tiny_config(
+        tmp.path(),
+        &tmp.path().join("out"),
+        &[("datasets/baseball.csv", f)],
+    );
+    let cfg = cfg.to_str().unwrap();
+    let env = [("KILN_MAX_TABLE_BYTES", "64m")];
+    let o = kiln_env(&["config", "check", cfg], &env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = kiln_env(&["train", cfg, "-q"], &env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The same file with `note` as a feature is refused, naming it.
+    let cfg = config_reading_note(&tmp.path().join("note"), f);
+    let o = kiln_env(&["config", "check", cfg.to_str().unwrap()], &env);
+    assert_refused("config check", &p, &o);
+    assert!(stderr(&o).contains("KILN_MAX_CELL_BYTES"), "{}", stderr(&o));
+
+    // CSV: a 100 KB value (past the 64 KiB cell limit) in an unused last column.
+    let mut text = csv_rows(300).replace(",so_rate\n", ",so_rate,note\n");
+    text = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == 0 {
+                format!("{l}\n")
+            } else {
+                format!("{l},{}\n", "y".repeat(100_000))
+            }
+        })
+        .collect();
+    let p = tmp.path().join("wide_note.csv");
+    std::fs::write(&p, text).unwrap();
+    std::fs::create_dir_all(tmp.path().join("csv")).unwrap();
+    let cfg = tiny_config(
+        &tmp.path().join("csv"),
+        &tmp.path().join("csv/out"),
+        &[("datasets/baseball.csv", p.to_str().unwrap())],
+    );
+    let o = kiln(&["config", "check", cfg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // `init` reads every column (it proposes from all of them): refused, naming the limit.
+    let o = kiln(&[
+        "init",
+        "--data",
+        p.to_str().unwrap(),
+        "--target",
+        "hr_rate",
+        "--out",
+        tmp.path().join("init.yaml").to_str().unwrap(),
+    ]);
+    assert_refused("init", &p, &o);
+    assert!(stderr(&o).contains("KILN_MAX_CELL_BYTES"), "{}", stderr(&o));
+}
+
 #[test]
 fn the_limits_say_which_limit_and_how_to_raise_it() {
     let tmp = tempfile::tempdir().unwrap();
@@ -288,11 +379,7 @@ fn the_limits_say_which_limit_and_how_to_raise_it() {
     let find = |n: &str| set.iter().find(|(p, _)| p.ends_with(n)).unwrap();
     let check = |n: &str, want: &str| {
         let (p, env) = find(n);
-        let cfg = tiny_config(
-            tmp.path(),
-            &tmp.path().join("out"),
-            &[("datasets/baseball.csv", p.to_str().unwrap())],
-        );
+        let cfg = config_reading_note(tmp.path(), p.to_str().unwrap());
         let o = kiln_env(&["config", "check", cfg.to_str().unwrap()], env);
         let e = stderr(&o);
         assert!(e.contains(want), "{n}: {e}");

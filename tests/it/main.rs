@@ -34,6 +34,7 @@ mod promote;
 mod records_compat;
 mod registry;
 mod registry_conformance;
+mod registry_reconnect;
 mod replicas;
 mod resume_records;
 mod run_api;

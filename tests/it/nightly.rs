@@ -785,3 +785,26 @@ fn serve_prints_its_listening_addresses_on_stdout() {
     let _ = server.wait();
     assert!(ok, "nothing listens on {http}");
 }
+
+/// The exported checkpoint directory `kiln train` prints is absolute even when the config's
+/// export directory is relative, so a script can hand it on from any working directory.
+#[test]
+fn train_prints_the_export_directory_as_an_absolute_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (from, to) = crate::common::absolute_data();
+    let cfg = crate::common::tiny_config(tmp.path(), Path::new("out"), &[(from, &to)]);
+    let o = kiln_in(tmp.path(), &["train", cfg.to_str().unwrap(), "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let printed = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+    assert!(printed.is_absolute(), "{}", printed.display());
+    assert!(
+        printed.starts_with(tmp.path().canonicalize().unwrap()) || printed.starts_with(tmp.path()),
+        "{}",
+        printed.display()
+    );
+    assert!(
+        printed.join("manifest.json").is_file(),
+        "{}",
+        printed.display()
+    );
+}

@@ -282,40 +282,95 @@ impl Heartbeat {
         let thread = std::thread::Builder::new()
             .name("kiln-heartbeat".into())
             .spawn(move || {
-                let db = Db::connect(&location);
+                let period = heartbeat_period();
+                let mut db = Db::connect(&location);
                 let (lock, cvar) = &*flag;
                 let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+                let mut failing = false;
                 loop {
                     // Checked before waiting: a stop that came while connecting is not missed.
                     if *stopped {
                         break;
                     }
                     let (guard, _) = cvar
-                        .wait_timeout(stopped, HEARTBEAT_PERIOD)
+                        .wait_timeout(stopped, period)
                         .unwrap_or_else(|p| p.into_inner());
                     stopped = guard;
                     if *stopped {
                         break;
                     }
-                    let beat = db.as_ref().map_err(|e| e.to_string()).and_then(|db| {
-                        db.execute(
-                            "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1 AND status = ?3",
-                            &[
-                                run_id.as_str().into(),
-                                crate::util::unix_now().into(),
-                                RunState::Running.as_str().into(),
-                            ],
-                        )
+                    // A connection that could not be opened is tried again at every beat (a
+                    // PostgreSQL connection lost later reopens itself, see `backend::PgConn`).
+                    if db.is_err() {
+                        db = Db::connect(&location);
+                    }
+                    let beat = db
+                        .as_ref()
                         .map_err(|e| e.to_string())
-                    });
-                    if let Err(e) = beat {
-                        tracing::warn!("run registry heartbeat of {run_id}: {e}");
+                        .and_then(|db| beat(db, &run_id).map_err(|e| e.to_string()));
+                    match beat {
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::warn!("run registry heartbeat of {run_id}: {e}");
+                        }
+                        Err(_) => {}
+                        Ok(revived) => {
+                            if failing {
+                                tracing::info!("run registry heartbeat of {run_id}: back");
+                            }
+                            failing = false;
+                            if revived {
+                                tracing::warn!(
+                                    "run registry: run {run_id} had been marked killed while it was still training (no heartbeat reached the registry for a while); it is marked running again"
+                                );
+                            }
+                        }
                     }
                 }
             })
             .ok();
         Self { stop, thread }
     }
+}
+
+/// The heartbeat period: [`HEARTBEAT_PERIOD`], or `KILN_HEARTBEAT_PERIOD_S` seconds when set
+/// (shorter in tests; a value that is not a positive number is ignored).
+fn heartbeat_period() -> Duration {
+    std::env::var("KILN_HEARTBEAT_PERIOD_S")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map_or(HEARTBEAT_PERIOD, |s| Duration::from_secs_f64(s.min(3600.0)))
+}
+
+/// One heartbeat of `run_id` from its own, live process. A row that another host's reaper
+/// marked `killed` while this process could not reach the registry (the heartbeat is the only
+/// sign of life it sees) is marked `running` again: the process beating is the proof.
+/// Returns whether the row was revived.
+fn beat(db: &Db, run_id: &str) -> Result<bool, DbError> {
+    let now = crate::util::unix_now();
+    let running = RunState::Running.as_str();
+    let n = db.execute(
+        "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1 AND status = ?3",
+        &[run_id.into(), now.into(), running.into()],
+    )?;
+    if n > 0 {
+        return Ok(false);
+    }
+    let pid = i64::from(std::process::id());
+    let revived = db.execute(
+        "UPDATE runs SET status = ?3, reason = NULL, ended_at = NULL, heartbeat_at = ?2
+         WHERE id = ?1 AND status = ?4 AND host = ?5 AND pid = ?6",
+        &[
+            run_id.into(),
+            now.into(),
+            running.into(),
+            RunState::Killed.as_str().into(),
+            hostname().into(),
+            pid.into(),
+        ],
+    )?;
+    Ok(revived > 0)
 }
 
 impl Drop for Heartbeat {

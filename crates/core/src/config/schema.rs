@@ -493,6 +493,34 @@ pub struct DataConfig {
     pub transform_passes: u32,
 }
 
+impl DataConfig {
+    /// The columns a training run reads: features, targets, the weight column and the split
+    /// column (none for a random split). Every other column of the file is skipped by the
+    /// reader (see [`crate::data::table::CsvTable::read_file_columns`]).
+    pub fn used_columns(&self) -> std::collections::BTreeSet<String> {
+        let mut used: std::collections::BTreeSet<String> = self
+            .features
+            .iter()
+            .chain(&self.targets)
+            .chain(&self.weight)
+            .cloned()
+            .collect();
+        match self.split.by {
+            SplitBy::Column => {
+                used.insert(
+                    self.split
+                        .column
+                        .clone()
+                        .unwrap_or_else(|| self.season_column.clone()),
+                );
+            }
+            SplitBy::Group => used.extend(self.split.column.clone()),
+            SplitBy::Random => {}
+        }
+        used
+    }
+}
+
 /// Missing-value policies: one default and per-column exceptions.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]

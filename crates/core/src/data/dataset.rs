@@ -107,8 +107,18 @@ pub struct Dataset {
 
 impl Dataset {
     /// Read `cfg.path`, split it, select the configured columns and handle missing values.
+    /// Only the columns the config uses ([`DataConfig::used_columns`]) are read: a wide
+    /// file's other columns cost neither memory nor limits.
     pub fn load(cfg: &DataConfig) -> Result<Self, DataError> {
-        Ok(Self::load_with_table(cfg)?.0)
+        let used = cfg.used_columns();
+        let keep = |c: &str| used.contains(c);
+        let (table, sha256) = CsvTable::read_file_columns(
+            &cfg.path,
+            cfg.format,
+            cfg.delimiter.map(|c| c as u8),
+            Some(&keep),
+        )?;
+        Self::from_table(cfg, &table, sha256)
     }
 
     /// [`Dataset::load`], also returning the table it was built from: rows, SHA-256 and any

@@ -34,6 +34,16 @@ pub mod parquet {
     ) -> Result<Cells, String> {
         read(Vec::new())
     }
+    /// The header, the columns and, per column, whether it was read.
+    pub type ProjectedCells = (Vec<String>, Vec<super::table::Column>, Vec<bool>);
+    /// Refuse: this build has no Parquet reader.
+    pub fn read_file_columns(
+        _file: std::fs::File,
+        _limits: &super::table::ReadLimits,
+        _keep: super::table::Projection<'_>,
+    ) -> Result<ProjectedCells, String> {
+        Err(read(Vec::new()).unwrap_err())
+    }
 }
 pub mod preprocess;
 pub mod split;

@@ -40,12 +40,26 @@ pub fn read(bytes: Vec<u8>) -> Result<Cells, String> {
 
 /// [`read`] within `limits`.
 pub fn read_with(bytes: Vec<u8>, limits: &ReadLimits) -> Result<Cells, String> {
-    read_from(bytes::Bytes::from(bytes), limits)
+    read_from(bytes::Bytes::from(bytes), limits, None).map(|(h, c, _)| (h, c))
 }
 
 /// [`read`] of an open file, read in place (never loaded whole), within `limits`.
 pub fn read_file(file: std::fs::File, limits: &ReadLimits) -> Result<Cells, String> {
-    read_from(file, limits)
+    read_from(file, limits, None).map(|(h, c, _)| (h, c))
+}
+
+/// The header, the columns and, per column, whether it was read.
+pub type ProjectedCells = (Vec<String>, Vec<Column>, Vec<bool>);
+
+/// [`read_file`] decoding only the columns `keep` names (every column when `None`); the
+/// others stay empty and are marked not read. When `keep` names none of the file's columns,
+/// the first is read anyway: the row count comes from values read, never from the footer.
+pub fn read_file_columns(
+    file: std::fs::File,
+    limits: &ReadLimits,
+    keep: crate::data::table::Projection<'_>,
+) -> Result<ProjectedCells, String> {
+    read_from(file, limits, keep)
 }
 
 /// Read any Parquet source. Nothing is sized from the file's own claims (row counts, page
@@ -55,10 +69,11 @@ pub fn read_file(file: std::fs::File, limits: &ReadLimits) -> Result<Cells, Stri
 fn read_from<R: parquet::file::reader::ChunkReader + 'static>(
     source: R,
     limits: &ReadLimits,
-) -> Result<Cells, String> {
+    keep: crate::data::table::Projection<'_>,
+) -> Result<ProjectedCells, String> {
     let limits = *limits;
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        read_bounded(source, &limits)
+        read_bounded(source, &limits, keep)
     })) {
         Ok(r) => r,
         Err(p) => {
@@ -75,7 +90,8 @@ fn read_from<R: parquet::file::reader::ChunkReader + 'static>(
 fn read_bounded<R: parquet::file::reader::ChunkReader + 'static>(
     source: R,
     limits: &ReadLimits,
-) -> Result<Cells, String> {
+    keep: crate::data::table::Projection<'_>,
+) -> Result<ProjectedCells, String> {
     let bad = |e: parquet::errors::ParquetError| {
         let e = e.to_string();
         let hint = if e.contains("Disabled feature") || e.contains("not supported") {
@@ -99,7 +115,14 @@ fn read_bounded<R: parquet::file::reader::ChunkReader + 'static>(
         .map(|i| schema.column(i))
         .collect();
     let header: Vec<String> = columns.iter().map(|c| c.path().string()).collect();
-    for c in &columns {
+    let mut loaded: Vec<bool> = match keep {
+        Some(keep) => header.iter().map(|h| keep(h)).collect(),
+        None => vec![true; header.len()],
+    };
+    if !loaded.is_empty() && !loaded.contains(&true) {
+        loaded[0] = true;
+    }
+    for (c, _) in columns.iter().zip(&loaded).filter(|(_, l)| **l) {
         if c.max_rep_level() > 0 {
             return Err(format!(
                 "column `{}` is a list or map (a repeated Parquet column); kiln reads flat columns of numbers, strings, dates and timestamps",
@@ -118,6 +141,9 @@ fn read_bounded<R: parquet::file::reader::ChunkReader + 'static>(
         let rows =
             usize::try_from(claimed).map_err(|_| format!("row group {g} claims {claimed} rows"))?;
         for (j, descr) in columns.iter().enumerate() {
+            if !loaded[j] {
+                continue;
+            }
             let r = group.get_column_reader(j).map_err(bad)?;
             let before = cells[j].len();
             read_column(r, descr, rows, &mut cells[j], &mut budget).map_err(|e| match e {
@@ -134,7 +160,7 @@ fn read_bounded<R: parquet::file::reader::ChunkReader + 'static>(
             }
         }
     }
-    Ok((header, cells))
+    Ok((header, cells, loaded))
 }
 
 /// The bytes kept so far, against the limits.

@@ -171,11 +171,17 @@ pub struct CsvTable {
     pub path: PathBuf,
     /// The header.
     pub header: Vec<String>,
-    /// The cells, one entry per header column.
+    /// The cells, one entry per header column (empty for a column not read).
     columns: Vec<Column>,
+    /// Per header column, whether it was read (a projected read skips the rest: see
+    /// [`CsvTable::read_file_columns`]).
+    loaded: Vec<bool>,
     /// The 1-based line of each row.
     pub lines: Vec<u64>,
 }
+
+/// Which columns a read keeps, by name (`None`: every column).
+pub type Projection<'a> = Option<&'a dyn Fn(&str) -> bool>;
 
 /// Which limit a stream passed (carried inside an `io::Error` through the CSV reader).
 #[derive(Debug)]
@@ -321,7 +327,7 @@ impl CsvTable {
     /// magic bytes) or a CSV file with a header row, within the [`ReadLimits`] of the
     /// environment.
     pub fn read(path: &Path) -> Result<Self, DataError> {
-        Ok(Self::read_inner(path, None, None, false)?.0)
+        Ok(Self::read_inner(path, None, None, false, None)?.0)
     }
 
     /// Read a table file as [`CsvTable::read`] does, with a given `format` and `delimiter`
@@ -333,7 +339,21 @@ impl CsvTable {
         format: Option<crate::config::DataFormat>,
         delimiter: Option<u8>,
     ) -> Result<(Self, String), DataError> {
-        let (table, sha) = Self::read_inner(path, format, delimiter, true)?;
+        Self::read_file_columns(path, format, delimiter, None)
+    }
+
+    /// [`CsvTable::read_file`] keeping only the columns `keep` names (every column when
+    /// `None`): the others are parsed past (CSV) or never decoded (Parquet), are not held,
+    /// and count against no limit but the line and table-size ones of the text itself. The
+    /// header stays whole, so a missing column is still named with every column the file has;
+    /// asking for a column that was not kept is an error, never a silent empty column.
+    pub fn read_file_columns(
+        path: &Path,
+        format: Option<crate::config::DataFormat>,
+        delimiter: Option<u8>,
+        keep: Projection<'_>,
+    ) -> Result<(Self, String), DataError> {
+        let (table, sha) = Self::read_inner(path, format, delimiter, true, keep)?;
         Ok((table, sha.unwrap_or_default()))
     }
 
@@ -342,6 +362,7 @@ impl CsvTable {
         format: Option<crate::config::DataFormat>,
         delimiter: Option<u8>,
         hash: bool,
+        keep: Projection<'_>,
     ) -> Result<(Self, Option<String>), DataError> {
         use crate::config::DataFormat;
         use std::io::{Seek, SeekFrom};
@@ -374,7 +395,8 @@ impl CsvTable {
             } else {
                 None
             };
-            let table = Self::from_parquet(super::parquet::read_file(file, &limits), path)?;
+            let table =
+                Self::from_parquet(super::parquet::read_file_columns(file, &limits, keep), path)?;
             return Ok((table, sha));
         }
         let mut raw = std::io::BufReader::with_capacity(
@@ -384,22 +406,27 @@ impl CsvTable {
                 hash: hash.then(Default::default),
             },
         );
-        let table = Self::from_reader(&mut raw, path, delimiter, &limits)?;
+        let table = Self::from_reader_columns(&mut raw, path, delimiter, &limits, keep)?;
         let sha = raw.into_inner().finish().map_err(io)?;
         Ok((table, sha))
     }
 
     fn from_parquet(
-        cells: Result<super::parquet::Cells, String>,
+        cells: Result<super::parquet::ProjectedCells, String>,
         path: &Path,
     ) -> Result<Self, DataError> {
-        let (header, columns) = cells.map_err(|message| DataError::Format {
+        let (header, columns, loaded) = cells.map_err(|message| DataError::Format {
             path: path.to_path_buf(),
             message,
         })?;
-        let n = columns.first().map_or(0, Column::len);
+        let n = columns
+            .iter()
+            .zip(&loaded)
+            .find(|(_, l)| **l)
+            .map_or(0, |(c, _)| c.len());
         let mut table = Self::empty(path, header);
         table.columns = columns;
+        table.loaded = loaded;
         for c in &mut table.columns {
             c.shrink();
         }
@@ -425,7 +452,13 @@ impl CsvTable {
         };
         if parquet {
             let limits = ReadLimits::from_env().map_err(DataError::Other)?;
-            Self::from_parquet(super::parquet::read_with(bytes, &limits), path)
+            Self::from_parquet(
+                super::parquet::read_with(bytes, &limits).map(|(h, c)| {
+                    let loaded = vec![true; h.len()];
+                    (h, c, loaded)
+                }),
+                path,
+            )
         } else {
             Self::from_bytes_with(&bytes, path, delimiter)
         }
@@ -454,10 +487,22 @@ impl CsvTable {
     /// Parse a CSV stream (gzip-compressed when it starts with the gzip magic bytes) within
     /// `limits`, streaming: the text is never held whole; `path` is only used in messages.
     pub fn from_reader(
+        raw: impl std::io::BufRead,
+        path: &Path,
+        delimiter: Option<u8>,
+        limits: &ReadLimits,
+    ) -> Result<Self, DataError> {
+        Self::from_reader_columns(raw, path, delimiter, limits, None)
+    }
+
+    /// [`CsvTable::from_reader`] keeping only the columns `keep` names (see
+    /// [`CsvTable::read_file_columns`]).
+    pub fn from_reader_columns(
         mut raw: impl std::io::BufRead,
         path: &Path,
         delimiter: Option<u8>,
         limits: &ReadLimits,
+        keep: Projection<'_>,
     ) -> Result<Self, DataError> {
         use std::io::Read;
         let gz = raw
@@ -565,7 +610,11 @@ impl CsvTable {
         let (cell_cost, row_cost) = (8u64, 8u64);
         let mut held = 0u64;
         let mut table = Self::empty(path, header);
+        if let Some(keep) = keep {
+            table.loaded = table.header.iter().map(|h| keep(h)).collect();
+        }
         let header = &table.header;
+        let loaded = &table.loaded;
         let mut columns = std::mem::take(&mut table.columns);
         let mut lines = Vec::new();
         let mut record = csv::StringRecord::new();
@@ -578,6 +627,9 @@ impl CsvTable {
                         .unwrap_or(0);
                     held += row_cost;
                     for (j, cell) in record.iter().enumerate() {
+                        if !loaded.get(j).copied().unwrap_or(false) {
+                            continue;
+                        }
                         if cell.len() as u64 > limits.max_cell_bytes {
                             return Err(DataError::Limit {
                                 path: path.to_path_buf(),
@@ -601,7 +653,12 @@ impl CsvTable {
                         });
                     }
                     lines.push(line);
-                    for (col, cell) in columns.iter_mut().zip(record.iter()) {
+                    for ((col, cell), _) in columns
+                        .iter_mut()
+                        .zip(record.iter())
+                        .zip(loaded)
+                        .filter(|(_, l)| **l)
+                    {
                         col.push(cell);
                     }
                 }
@@ -623,6 +680,7 @@ impl CsvTable {
         Self {
             path: path.to_path_buf(),
             columns: header.iter().map(|_| Column::new()).collect(),
+            loaded: vec![true; header.len()],
             header,
             lines: Vec::new(),
         }
@@ -649,7 +707,11 @@ impl CsvTable {
     pub fn retain_rows(&self, mut keep: impl FnMut(usize) -> bool) -> Self {
         let kept: Vec<usize> = (0..self.n_rows()).filter(|&r| keep(r)).collect();
         let mut t = Self::empty(&self.path, self.header.clone());
+        t.loaded.clone_from(&self.loaded);
         for (j, col) in t.columns.iter_mut().enumerate() {
+            if !self.loaded[j] {
+                continue;
+            }
             for &r in &kept {
                 col.push(&self.columns[j].get(r));
             }
@@ -712,6 +774,12 @@ impl CsvTable {
                 first: first + 1,
                 second: second + 1,
             });
+        }
+        if !self.loaded[first] {
+            return Err(DataError::Other(format!(
+                "{}: column `{name}` was not read (only the columns the config uses are)",
+                self.path.display()
+            )));
         }
         Ok(first)
     }
@@ -870,6 +938,63 @@ mod tests {
         );
         // A duplicate the caller does not use is not an error.
         assert_eq!(tab.numeric_column("b").unwrap(), vec![3.0]);
+    }
+
+    #[test]
+    fn a_projected_read_keeps_only_the_named_columns() {
+        let big = "x".repeat(2000);
+        let text = format!("id,a,note,b\n1,2,{big},3\n4,5,{big},6\n7,8,,9\n");
+        let limits = ReadLimits {
+            max_cell_bytes: 100,
+            ..ReadLimits::default()
+        };
+        let read = |keep: Projection<'_>| {
+            CsvTable::from_reader_columns(
+                text.as_bytes(),
+                Path::new("rows.csv"),
+                None,
+                &limits,
+                keep,
+            )
+        };
+        // Every column: the long value in `note` is past the cell limit.
+        let e = read(None).unwrap_err().to_string();
+        assert!(
+            e.contains("column `note`") && e.contains("KILN_MAX_CELL_BYTES"),
+            "{e}"
+        );
+        // Only `a` and `b`: `note` is parsed past, neither held nor limited.
+        let keep = |c: &str| c == "a" || c == "b";
+        let tab = read(Some(&keep)).unwrap();
+        assert_eq!(
+            tab.header,
+            ["id", "a", "note", "b"],
+            "the header stays whole"
+        );
+        assert_eq!(tab.lines, vec![2, 3, 4]);
+        assert_eq!(tab.numeric_column("a").unwrap(), vec![2.0, 5.0, 8.0]);
+        assert_eq!(tab.numeric_column("b").unwrap(), vec![3.0, 6.0, 9.0]);
+        let e = tab.column_index("note").unwrap_err().to_string();
+        assert!(e.contains("column `note` was not read"), "{e}");
+        // A column the file lacks is named with every column it has.
+        let e = tab.column_index("c").unwrap_err().to_string();
+        assert!(e.contains("id,a,note,b"), "{e}");
+        // Row selection keeps the projection.
+        let odd = tab.retain_rows(|r| r != 1);
+        assert_eq!(odd.numeric_column("b").unwrap(), vec![3.0, 9.0]);
+        assert!(odd.column_index("note").is_err());
+        // A ragged row is still an error, in a skipped column too.
+        let ragged = "a,b,c\n1,2,3\n4,5\n";
+        let e = CsvTable::from_reader_columns(
+            ragged.as_bytes(),
+            Path::new("rows.csv"),
+            None,
+            &limits,
+            Some(&keep),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("rows.csv:3: malformed CSV"), "{e}");
     }
 
     #[test]

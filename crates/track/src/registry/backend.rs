@@ -192,8 +192,176 @@ fn pg_message(e: &postgres::Error) -> String {
 pub enum Db {
     /// SQLite (WAL, 30 s busy timeout).
     Sqlite(rusqlite::Connection),
-    /// PostgreSQL (sync client; a mutex because the client needs `&mut`).
-    Postgres(Mutex<postgres::Client>),
+    /// PostgreSQL: a connection that reopens itself when the server drops it.
+    Postgres(Box<PgConn>),
+}
+
+/// How long a statement waits for a lost PostgreSQL connection to come back (reconnecting
+/// with backoff) before it fails: `KILN_REGISTRY_RECONNECT_S` seconds, 30 by default. Once a
+/// wait has failed, later statements try one connection each (no wait) until the server
+/// answers again, so a registry that is down for long costs a training run one wait, not one
+/// per epoch.
+pub const RECONNECT_ENV: &str = "KILN_REGISTRY_RECONNECT_S";
+
+/// The default of [`RECONNECT_ENV`].
+pub const RECONNECT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// How long a new TCP connection to the server may take (unless the URL sets
+/// `connect_timeout`).
+const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The reconnect budget from the environment (the default when unset; a bad value is named
+/// once and the default used).
+pub fn reconnect_budget() -> Duration {
+    match std::env::var(RECONNECT_ENV) {
+        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s.min(86_400.0)),
+            _ => {
+                tracing::warn!(
+                    "{RECONNECT_ENV}={v:?} is not a number of seconds; using {} s",
+                    RECONNECT_DEFAULT.as_secs()
+                );
+                RECONNECT_DEFAULT
+            }
+        },
+        _ => RECONNECT_DEFAULT,
+    }
+}
+
+/// A PostgreSQL client that is reopened when the server closes it (a restart, a failover,
+/// `pg_terminate_backend`, an idle timeout): a statement that fails because the connection
+/// is gone reconnects (with backoff, within [`reconnect_budget`]) and runs once more. Every
+/// statement the registry sends is safe to repeat (upserts, or updates to a fixed value).
+pub struct PgConn {
+    url: String,
+    read_only: bool,
+    budget: Duration,
+    state: Mutex<PgState>,
+}
+
+struct PgState {
+    client: Option<postgres::Client>,
+    /// A reconnect wait has failed and no statement has succeeded since.
+    down: bool,
+}
+
+/// Whether `e` (with the client's state after it) means the connection is gone rather than
+/// that the statement was refused.
+fn connection_lost(client_closed: bool, e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    if client_closed || e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(c) => {
+            c.code().starts_with("08")
+                || [
+                    SqlState::ADMIN_SHUTDOWN,
+                    SqlState::CRASH_SHUTDOWN,
+                    SqlState::CANNOT_CONNECT_NOW,
+                ]
+                .contains(c)
+        }
+        None => false,
+    }
+}
+
+impl PgConn {
+    fn open(url: &str, read_only: bool) -> Result<Self, DbError> {
+        let conn = Self {
+            url: url.to_string(),
+            read_only,
+            budget: reconnect_budget(),
+            state: Mutex::new(PgState {
+                client: None,
+                down: false,
+            }),
+        };
+        let client = conn.connect_once()?;
+        conn.lock().client = Some(client);
+        Ok(conn)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PgState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn connect_once(&self) -> Result<postgres::Client, postgres::Error> {
+        let mut config: postgres::Config = self.url.parse()?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(PG_CONNECT_TIMEOUT);
+        }
+        let mut client = config.connect(postgres::NoTls)?;
+        if self.read_only {
+            client.batch_execute("SET default_transaction_read_only = on")?;
+        }
+        Ok(client)
+    }
+
+    /// Connect again: with backoff within the budget, or once when a wait already failed.
+    fn reconnect(&self, state: &mut PgState) -> Result<(), postgres::Error> {
+        state.client = None;
+        let deadline = std::time::Instant::now() + self.budget;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.connect_once() {
+                Ok(c) => {
+                    if state.down {
+                        tracing::info!("registry {}: connected again", redact(&self.url));
+                    }
+                    state.client = Some(c);
+                    state.down = false;
+                    return Ok(());
+                }
+                Err(e) => {
+                    let now = std::time::Instant::now();
+                    if state.down || now + pause > deadline {
+                        state.down = true;
+                        return Err(e);
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Run `f` on the client; when the connection turns out to be gone, reconnect and run it
+    /// once more.
+    fn run<T>(
+        &self,
+        mut f: impl FnMut(&mut postgres::Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbError> {
+        let mut state = self.lock();
+        if state.client.as_ref().is_none_or(|c| c.is_closed()) {
+            self.reconnect(&mut state)?;
+        }
+        let first = {
+            let client = state.client.as_mut().expect("connected above");
+            match f(client) {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    if !connection_lost(client.is_closed(), &e) {
+                        return Err(e.into());
+                    }
+                    e
+                }
+            }
+        };
+        tracing::warn!(
+            "registry {}: the connection was lost ({}); reconnecting",
+            redact(&self.url),
+            pg_message(&first)
+        );
+        self.reconnect(&mut state)?;
+        let client = state.client.as_mut().expect("reconnected above");
+        Ok(f(client)?)
+    }
+
+    /// Drop the connection (the next statement reconnects): for tests of the reconnect path.
+    pub fn disconnect(&self) {
+        self.lock().client = None;
+    }
 }
 
 /// `?N` → `$N` (the registry's SQL has no `?` inside string literals).
@@ -345,39 +513,32 @@ impl Db {
                     }
                 }
             }
-            Location::Postgres(url) => {
-                let client = postgres::Client::connect(url, postgres::NoTls)?;
-                Ok(Db::Postgres(Mutex::new(client)))
-            }
+            Location::Postgres(url) => Ok(Db::Postgres(Box::new(PgConn::open(url, false)?))),
         }
     }
 
     /// Connect to a PostgreSQL server for reading: the session refuses writes.
     pub fn connect_pg_read_only(url: &str) -> Result<Self, DbError> {
-        let mut client = postgres::Client::connect(url, postgres::NoTls)?;
-        client.batch_execute("SET default_transaction_read_only = on")?;
-        Ok(Db::Postgres(Mutex::new(client)))
-    }
-
-    fn pg(m: &Mutex<postgres::Client>) -> std::sync::MutexGuard<'_, postgres::Client> {
-        m.lock().unwrap_or_else(|p| p.into_inner())
+        Ok(Db::Postgres(Box::new(PgConn::open(url, true)?)))
     }
 
     /// Run one statement; the number of rows it changed.
     pub fn execute(&self, sql: &str, params: &[Value]) -> Result<usize, DbError> {
         match self {
             Db::Sqlite(c) => Ok(c.execute(sql, rusqlite::params_from_iter(sqlite_params(params)))?),
-            Db::Postgres(m) => {
-                let mut c = Self::pg(m);
-                let stmt = c.prepare(&pg_placeholders(sql))?;
-                let bound: Vec<Box<dyn postgres::types::ToSql + Sync>> = params
-                    .iter()
-                    .zip(stmt.params())
-                    .map(|(v, t)| pg_param(v, t))
-                    .collect();
-                let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                    bound.iter().map(|b| b.as_ref()).collect();
-                Ok(c.execute(&stmt, &refs)? as usize)
+            Db::Postgres(pg) => {
+                let sql = pg_placeholders(sql);
+                pg.run(|c| {
+                    let stmt = c.prepare(&sql)?;
+                    let bound: Vec<Box<dyn postgres::types::ToSql + Sync>> = params
+                        .iter()
+                        .zip(stmt.params())
+                        .map(|(v, t)| pg_param(v, t))
+                        .collect();
+                    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                        bound.iter().map(|b| b.as_ref()).collect();
+                    Ok(c.execute(&stmt, &refs)? as usize)
+                })
             }
         }
     }
@@ -395,17 +556,20 @@ impl Db {
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(rows)
             }
-            Db::Postgres(m) => {
-                let mut c = Self::pg(m);
-                let stmt = c.prepare(&pg_placeholders(sql))?;
-                let bound: Vec<Box<dyn postgres::types::ToSql + Sync>> = params
-                    .iter()
-                    .zip(stmt.params())
-                    .map(|(v, t)| pg_param(v, t))
-                    .collect();
-                let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                    bound.iter().map(|b| b.as_ref()).collect();
-                c.query(&stmt, &refs)?.iter().map(pg_row).collect()
+            Db::Postgres(pg) => {
+                let sql = pg_placeholders(sql);
+                let rows = pg.run(|c| {
+                    let stmt = c.prepare(&sql)?;
+                    let bound: Vec<Box<dyn postgres::types::ToSql + Sync>> = params
+                        .iter()
+                        .zip(stmt.params())
+                        .map(|(v, t)| pg_param(v, t))
+                        .collect();
+                    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                        bound.iter().map(|b| b.as_ref()).collect();
+                    c.query(&stmt, &refs)
+                })?;
+                rows.iter().map(pg_row).collect()
             }
         }
     }
@@ -414,8 +578,7 @@ impl Db {
     pub fn schema_version(&self) -> Result<i64, DbError> {
         match self {
             Db::Sqlite(c) => Ok(c.query_row("PRAGMA user_version", [], |r| r.get(0))?),
-            Db::Postgres(m) => {
-                let mut c = Self::pg(m);
+            Db::Postgres(pg) => pg.run(|c| {
                 let exists = c
                     .query_one("SELECT to_regclass('kiln_schema') IS NOT NULL", &[])?
                     .try_get::<_, bool>(0)?;
@@ -427,7 +590,7 @@ impl Db {
                     Some(r) => r.try_get::<_, i64>(0)?,
                     None => 0,
                 })
-            }
+            }),
         }
     }
 
@@ -444,8 +607,7 @@ impl Db {
                 }
                 Ok(tx.commit()?)
             }
-            Db::Postgres(m) => {
-                let mut c = Self::pg(m);
+            Db::Postgres(pg) => pg.run(|c| {
                 let mut tx = c.transaction()?;
                 tx.query("SELECT pg_advisory_xact_lock($1)", &[&PG_MIGRATION_LOCK])?;
                 tx.batch_execute(
@@ -463,8 +625,8 @@ impl Db {
                     tx.batch_execute(&pg_ddl(m))?;
                     tx.execute("UPDATE kiln_schema SET version = $1", &[&((i + 1) as i64)])?;
                 }
-                Ok(tx.commit()?)
-            }
+                tx.commit()
+            }),
         }
     }
 }
