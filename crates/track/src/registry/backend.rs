@@ -230,8 +230,10 @@ pub fn reconnect_budget() -> Duration {
 
 /// A PostgreSQL client that is reopened when the server closes it (a restart, a failover,
 /// `pg_terminate_backend`, an idle timeout): a statement that fails because the connection
-/// is gone reconnects (with backoff, within [`reconnect_budget`]) and runs once more. Every
-/// statement the registry sends is safe to repeat (upserts, or updates to a fixed value).
+/// is gone reconnects (with backoff, within [`reconnect_budget`]) and runs once more. A run's
+/// statements are safe to repeat (upserts, or updates to a fixed value); a promotion's insert
+/// could be recorded twice if the server committed it and then dropped the connection before
+/// answering.
 pub struct PgConn {
     url: String,
     read_only: bool,
