@@ -97,6 +97,13 @@ fn print_summary(s: &RunSummary, quiet: bool) {
     if let Some(r) = &o.report {
         eprintln!("{}", r.verdict());
     }
+    if let Some(spread) = o
+        .manifest
+        .as_ref()
+        .and_then(|m| m.metrics.seed_spread.as_ref())
+    {
+        eprintln!("{}", spread.describe());
+    }
     // Pick lines only where picks mean something: a target with a persistence feature
     // (`<target>_l1`, the line a pick is over). Ordinary tables keep the evaluation in the
     // manifest but print none of it.

@@ -808,3 +808,88 @@ fn train_prints_the_export_directory_as_an_absolute_path() {
         printed.display()
     );
 }
+
+/// `seed_spread: 3` trains the config under seeds 7, 8 and 9 on the same rows, records each
+/// seed's test MSE per target in the manifest, and exports exactly the model a run without
+/// the key exports (its own seed's); the other seeds' runs are kept under `<run>/seeds/`.
+#[test]
+fn seed_spread_records_every_seeds_test_mse_and_exports_the_runs_own_seed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (from, to) = crate::common::absolute_data();
+    let plain_dir = tmp.path().join("plain");
+    let spread_dir = tmp.path().join("spread");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    std::fs::create_dir_all(&spread_dir).unwrap();
+    let plain = crate::common::tiny_config(&plain_dir, Path::new("out"), &[(from, &to)]);
+    let spread = crate::common::tiny_config(
+        &spread_dir,
+        Path::new("out"),
+        &[(from, &to), ("seed: 7\n", "seed: 7\nseed_spread: 3\n")],
+    );
+    let export = |dir: &Path, cfg: &Path| -> (PathBuf, Value) {
+        let o = kiln_in(dir, &["train", cfg.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+        let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+        let m: Value =
+            serde_json::from_slice(&std::fs::read(p.join("manifest.json")).unwrap()).unwrap();
+        (p, m)
+    };
+    let (_, plain_m) = export(&plain_dir, &plain);
+    let o = kiln_in(&spread_dir, &["train", spread.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("seed spread over 3 seeds (7, 8, 9): test MSE standard deviation"),
+        "{}",
+        text(&o)
+    );
+    let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(p.join("manifest.json")).unwrap()).unwrap();
+    let mse = |m: &Value| -> Vec<f64> {
+        m["metrics"]["test"]["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["mse_model"].as_f64().unwrap())
+            .collect()
+    };
+    // The exported model is the run's own seed's, as without the key.
+    assert_eq!(mse(&m), mse(&plain_m));
+    assert!(plain_m["metrics"].get("seed_spread").is_none());
+    let s = &m["metrics"]["seed_spread"];
+    assert_eq!(s["seeds"], serde_json::json!([7, 8, 9]));
+    assert_eq!(
+        s["targets"],
+        serde_json::json!(["hr_rate", "bb_rate", "so_rate"])
+    );
+    let rows: Vec<Vec<f64>> = serde_json::from_value(s["test_mse"].clone()).unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0], mse(&m), "the first row is the exported model's");
+    assert!(rows.iter().flatten().all(|v| v.is_finite() && *v > 0.0));
+    assert_ne!(rows[0], rows[1], "another seed trains another model");
+    // Each other seed's run is kept, its own export saying the same test MSE.
+    let runs: Vec<String> = serde_json::from_value(s["runs"].clone()).unwrap();
+    assert_eq!(runs.len(), 2);
+    for (run, row) in runs.iter().zip(&rows[1..]) {
+        assert!(run.ends_with("seed-8") || run.ends_with("seed-9"), "{run}");
+        let other: Value = serde_json::from_slice(
+            &std::fs::read(Path::new(run).join("export/manifest.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(&mse(&other), row);
+        assert!(other["metrics"].get("seed_spread").is_none());
+    }
+    // A count outside 1..=32 is refused, naming the key.
+    let o = kiln_in(
+        &spread_dir,
+        &[
+            "config",
+            "check",
+            spread.to_str().unwrap(),
+            "--set",
+            "seed_spread=0",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("seed_spread"), "{}", text(&o));
+}

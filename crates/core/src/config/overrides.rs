@@ -19,7 +19,7 @@ pub fn load_with_overrides(path: &Path, set: &[String]) -> Result<LoadedConfig, 
 
 /// Documented top-level keys a config may leave out, which `--set` may add
 /// (`--set refit=train+validation`, `--set calibration.method=…`).
-pub const OPTIONAL_TOP_LEVEL: [&str; 3] = ["refit", "calibration", "distill"];
+pub const OPTIONAL_TOP_LEVEL: [&str; 4] = ["refit", "calibration", "distill", "seed_spread"];
 
 /// Apply `key.path=value` overrides (values are YAML scalars or flow collections, e.g.
 /// `loader.num_workers=2`, `model.hidden=[32,32]`, `stages[0].epochs=5`) and validate.

@@ -54,6 +54,17 @@ pub struct ExperimentConfig {
     /// Set by the trainer on the refit pass's own copy of the config (never in YAML).
     #[serde(skip)]
     pub refit_pass: Option<RefitPass>,
+    /// Measure training-seed noise: train the config under this many seeds (the run's own
+    /// `seed`, then `seed + 1`, …) on the same rows and record each seed's test MSE in the
+    /// manifest's `metrics.seed_spread`. The exported model is the run's own seed's, exactly
+    /// what it would be without this key; the others are trained in `<run>/seeds/` only to
+    /// measure (the run takes this many times as long). 1 (the default): no measurement.
+    #[serde(default = "default_seed_spread", skip_serializing_if = "is_one")]
+    pub seed_spread: usize,
+    /// Set by the trainer on the exported pass's own copy of the config (never in YAML): the
+    /// other seeds' test tables.
+    #[serde(skip)]
+    pub seed_spread_pass: Option<SeedSpreadPass>,
     /// Post-hoc recalibration of the variance head on the validation split (absent: none);
     /// see [`Calibration`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,6 +97,21 @@ impl Refit {
     pub fn is_none(&self) -> bool {
         *self == Refit::None
     }
+}
+
+fn default_seed_spread() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+/// What the exported pass of a `seed_spread` run knows of the other seeds' passes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeedSpreadPass {
+    /// Each other seed, its run directory and its test MSE per target.
+    pub others: Vec<(u64, String, Vec<f64>)>,
 }
 
 /// What the refit pass knows of its selection pass.

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use super::ConfigError;
 use super::schema::*;
 
+/// The most seeds `seed_spread` may train.
+pub const MAX_SEED_SPREAD: usize = 32;
+
 /// Builds the error for a key (the caller returns it).
 type Bad<'a> = &'a dyn Fn(String, String) -> Result<(), ConfigError>;
 
@@ -85,6 +88,15 @@ impl ExperimentConfig {
                 format!(
                     "expected a non-empty name of letters, digits, '-' and '_', got {:?}",
                     self.name
+                ),
+            );
+        }
+        if !(1..=MAX_SEED_SPREAD).contains(&self.seed_spread) {
+            return bad(
+                "seed_spread".into(),
+                format!(
+                    "expected a number of seeds from 1 (no measurement) to {MAX_SEED_SPREAD}, got {}",
+                    self.seed_spread
                 ),
             );
         }

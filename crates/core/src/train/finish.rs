@@ -293,6 +293,21 @@ fn manifest<B: AutodiffBackend>(
             teacher_test: ev.teacher_test.clone(),
             int8_test_delta: ev.measured.int8_test_delta.clone(),
             pick_evaluation: ev.measured.pick_evaluation.clone(),
+            seed_spread: cfg.seed_spread_pass.as_ref().map(|p| {
+                let own: Vec<f64> = ev.test.targets.iter().map(|t| t.mse_model).collect();
+                let mut spread = crate::records::metrics::SeedSpread {
+                    seeds: vec![cfg.seed],
+                    targets: ev.test.targets.iter().map(|t| t.target.clone()).collect(),
+                    test_mse: vec![own],
+                    runs: Vec::new(),
+                };
+                for (seed, run, mse) in &p.others {
+                    spread.seeds.push(*seed);
+                    spread.test_mse.push(mse.clone());
+                    spread.runs.push(run.clone());
+                }
+                spread
+            }),
             ..ManifestMetrics::default()
         },
         dataset: DatasetInfo {

@@ -29,10 +29,83 @@ pub fn train<B: AutodiffBackend>(
             &read
         }
     };
+    if cfg.seed_spread > 1 && cfg.seed_spread_pass.is_none() {
+        return train_with_seed_spread::<B>(job, data, device);
+    }
     if cfg.refit == Refit::TrainValidation && cfg.refit_pass.is_none() {
         return train_with_refit::<B>(job, data, device);
     }
     train_pass::<B>(job, data, device)
+}
+
+/// `seed_spread: K`: the config under seeds `seed + 1 … seed + K − 1` first, each an ordinary
+/// run (refit included) in `<run>/seeds/seed-<s>/`, quietly, unobserved and unmeasured (a
+/// finished one, its export sealed, is not trained again on resume); then the run itself
+/// under its own seed, which records every seed's test MSE in its manifest. All passes train
+/// on `data`, so they see the same rows and the same split.
+fn train_with_seed_spread<B: AutodiffBackend>(
+    job: &TrainJob<'_>,
+    data: &Dataset,
+    device: &B::Device,
+) -> Result<Trained<B>, TrainError> {
+    let cfg = &job.config.config;
+    let reporter = super::progress::Reporter::new(job.progress);
+    let mut others = Vec::with_capacity(cfg.seed_spread - 1);
+    for i in 1..cfg.seed_spread {
+        let seed = cfg.seed.wrapping_add(i as u64);
+        let path = job.run.path.join("seeds").join(format!("seed-{seed}"));
+        let resume = path.join("config.yaml").is_file();
+        let run = if resume {
+            RunDir::open(&path).map_err(io_err(&path))?
+        } else {
+            std::fs::create_dir_all(&path).map_err(io_err(&path))?;
+            crate::util::write_atomic(&path.join("config.yaml"), job.config.text.as_bytes())?;
+            RunDir {
+                id: format!("{}-seed-{seed}", job.run.id),
+                path: path.clone(),
+            }
+        };
+        let test_mse = |m: &crate::artifact::Manifest| -> Vec<f64> {
+            m.metrics.test_mse().into_iter().map(|(_, v)| v).collect()
+        };
+        if resume && let Ok(c) = crate::artifact::Checkpoint::load(&run.export_dir()) {
+            others.push((seed, path.display().to_string(), test_mse(&c.manifest)));
+            continue;
+        }
+        reporter.line(&format!(
+            "seed spread: seed {seed} ({i} of {} more), trained only to measure",
+            cfg.seed_spread - 1
+        ));
+        let mut loaded = job.config.clone();
+        loaded.config.seed = seed;
+        loaded.config.seed_spread = 1;
+        let seed_job = TrainJob {
+            observer: None,
+            teacher: job.teacher,
+            config: &loaded,
+            run,
+            resume,
+            progress: super::progress::ProgressMode::Quiet,
+            stop_after_epochs: job.stop_after_epochs,
+            data: Some(data),
+            measure: None,
+        };
+        let t = train::<B>(&seed_job, device)?;
+        let Some(manifest) = &t.outcome.manifest else {
+            // Interrupted (tests' stop_after_epochs): so is the run.
+            return Ok(t);
+        };
+        others.push((seed, path.display().to_string(), test_mse(manifest)));
+    }
+    let mut loaded = job.config.clone();
+    loaded.config.seed_spread_pass = Some(crate::config::SeedSpreadPass { others });
+    let main = TrainJob {
+        config: &loaded,
+        run: job.run.clone(),
+        data: Some(data),
+        ..*job
+    };
+    train::<B>(&main, device)
 }
 
 /// One training pass (the whole run without refit; either pass of a refit run).

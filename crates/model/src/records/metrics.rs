@@ -51,6 +51,10 @@ pub struct ManifestMetrics {
     /// The pick probabilities against the test outcomes (advisory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pick_evaluation: Option<PickEvaluation>,
+    /// Training-seed noise, measured (`seed_spread: K` in the config): the same config
+    /// trained under K seeds on the same rows, each seed's test MSE per target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_spread: Option<SeedSpread>,
     /// Keys this release does not know (written by a later one, or by hand): kept as they are.
     #[serde(flatten)]
     pub other: BTreeMap<String, serde_json::Value>,
@@ -64,6 +68,73 @@ impl ManifestMetrics {
             .flat_map(|r| &r.targets)
             .map(|t| (t.target.clone(), t.mse_model))
             .collect()
+    }
+}
+
+/// The same config trained under several seeds on the same rows (`seed_spread: K`): how much
+/// the test MSE moves with nothing but the seed (weight initialisation and shuffling). The
+/// exported model is the run's own seed (the first); the others are trained only to measure.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SeedSpread {
+    /// The seeds, the exported model's first.
+    #[serde(default)]
+    pub seeds: Vec<u64>,
+    /// The target names, in order.
+    #[serde(default)]
+    pub targets: Vec<String>,
+    /// Per seed (in `seeds` order), per target: the test MSE of the mean.
+    #[serde(default)]
+    pub test_mse: Vec<Vec<f64>>,
+    /// Where the other seeds' runs are (`<run>/seeds/seed-<s>`).
+    #[serde(default)]
+    pub runs: Vec<String>,
+}
+
+impl SeedSpread {
+    /// Per target: (mean, sample standard deviation) of the test MSE over the seeds.
+    pub fn mean_sd(&self) -> Vec<(f64, f64)> {
+        (0..self.targets.len())
+            .map(|t| {
+                let v: Vec<f64> = self
+                    .test_mse
+                    .iter()
+                    .filter_map(|r| r.get(t).copied())
+                    .collect();
+                let n = v.len() as f64;
+                let mean = v.iter().sum::<f64>() / n.max(1.0);
+                let sd = if v.len() > 1 {
+                    (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+                } else {
+                    0.0
+                };
+                (mean, sd)
+            })
+            .collect()
+    }
+
+    /// Per target: the seed-to-seed standard deviation as a fraction of the mean test MSE.
+    pub fn relative_sd(&self) -> Vec<f64> {
+        self.mean_sd()
+            .into_iter()
+            .map(|(m, sd)| if m > 0.0 { sd / m } else { 0.0 })
+            .collect()
+    }
+
+    /// One line: `seed spread over 3 seeds (7, 8, 9): test MSE sd hr_rate 1.2 %, …`.
+    pub fn describe(&self) -> String {
+        let seeds: Vec<String> = self.seeds.iter().map(u64::to_string).collect();
+        let per: Vec<String> = self
+            .targets
+            .iter()
+            .zip(self.relative_sd())
+            .map(|(t, r)| format!("{t} {:.2} %", 100.0 * r))
+            .collect();
+        format!(
+            "seed spread over {} seeds ({}): test MSE standard deviation {} of the mean",
+            self.seeds.len(),
+            seeds.join(", "),
+            per.join(", ")
+        )
     }
 }
 
