@@ -39,7 +39,7 @@ fn core_level(top: &str) -> Option<u8> {
 /// Level of each top-level module of `kiln-model`.
 fn model_level(top: &str) -> Option<u8> {
     Some(match top {
-        "records" | "stats" | "backend" => 0,
+        "records" | "stats" | "backend" | "dates" => 0,
         "preprocess" | "drift" | "model" => 1,
         "artifact" => 2,
         "infer" | "predict" => 3,

@@ -7,6 +7,7 @@ mod calibration;
 mod cells;
 mod common;
 mod data;
+mod dates;
 mod deploy;
 mod distill;
 mod early_stopping;

@@ -18,6 +18,7 @@
 
 pub mod artifact;
 pub mod backend;
+pub mod dates;
 pub mod drift;
 pub mod infer;
 pub mod latency;

@@ -40,6 +40,40 @@ pub struct InputColumn {
     /// (`Rain` and `rain` are one category; the vocabulary holds them lower-cased).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub case_insensitive: bool,
+    /// A date column (`data.dates`): the text is read as a date and the network sees the
+    /// listed parts, one input each (`<name>.<part>`). Its `impute`/`fallback` is a day
+    /// (since 1970-01-01) whose parts a missing cell gets. `None`: not a date column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date: Option<DateEncoding>,
+}
+
+/// How a date column becomes network inputs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DateEncoding {
+    /// The order of a date whose year is last (`mdy`, `dmy`); `None`: ISO or year-first dates,
+    /// or dates whose fields decide it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<crate::dates::DateOrder>,
+    /// The parts the network sees, in order.
+    pub parts: Vec<crate::dates::DatePart>,
+}
+
+impl DateEncoding {
+    /// The day (since 1970-01-01) a cell's text names, or an error message.
+    pub fn day(&self, text: &str) -> Result<i64, String> {
+        crate::dates::parse_date(text, self.order)
+            .map(crate::dates::day_of)
+            .ok_or_else(|| {
+                format!(
+                    "expected a date (YYYY-MM-DD, or {} with an optional time of day), got {text:?}",
+                    match self.order {
+                        Some(crate::dates::DateOrder::Mdy) => "MM/DD/YYYY",
+                        Some(crate::dates::DateOrder::Dmy) => "DD/MM/YYYY or DD.MM.YYYY",
+                        None => "YYYY/MM/DD, DD.MM.YYYY, or MM/DD/YYYY where a field above 12 decides the order",
+                    }
+                )
+            })
+    }
 }
 
 impl InputColumn {
@@ -53,6 +87,7 @@ impl InputColumn {
             categories: None,
             missing_to_unknown: false,
             case_insensitive: false,
+            date: None,
         }
     }
 
@@ -69,7 +104,11 @@ impl InputColumn {
 
     /// How many network inputs this column gives (its indicator not counted).
     pub fn width(&self) -> usize {
-        self.categories.as_ref().map_or(1, Vec::len)
+        match (&self.categories, &self.date) {
+            (Some(cats), _) => cats.len(),
+            (None, Some(d)) => d.parts.len(),
+            (None, None) => 1,
+        }
     }
 
     /// Whether a missing cell is accepted.
@@ -220,9 +259,12 @@ impl Preprocessing {
     pub fn network_features(&self) -> Vec<String> {
         let mut v = Vec::with_capacity(self.n_features());
         for c in &self.inputs {
-            match &c.categories {
-                None => v.push(c.name.clone()),
-                Some(cats) => v.extend(cats.iter().map(|k| format!("{}={k}", c.name))),
+            match (&c.categories, &c.date) {
+                (Some(cats), _) => v.extend(cats.iter().map(|k| format!("{}={k}", c.name))),
+                (None, Some(d)) => {
+                    v.extend(d.parts.iter().map(|p| format!("{}.{}", c.name, p.name())))
+                }
+                (None, None) => v.push(c.name.clone()),
             }
         }
         v.extend(
@@ -243,9 +285,14 @@ impl Preprocessing {
     /// Whether the network's inputs are exactly the raw columns (all numeric, nothing
     /// imputed, no indicators).
     pub fn is_plain(&self) -> bool {
-        self.inputs
-            .iter()
-            .all(|c| c.impute.is_none() && !c.indicator && c.categories.is_none())
+        self.inputs.iter().all(|c| {
+            c.impute.is_none() && !c.indicator && c.categories.is_none() && c.date.is_none()
+        })
+    }
+
+    /// Whether any input is a date column.
+    pub fn has_date(&self) -> bool {
+        self.inputs.iter().any(|c| c.date.is_some())
     }
 
     /// Whether any input is categorical.
@@ -269,6 +316,44 @@ impl Preprocessing {
             Err(e)
         };
         for (i, (c, v)) in self.inputs.iter().zip(values).enumerate() {
+            if let Some(d) = &c.date {
+                let day = match *v {
+                    RawValue::Missing => match c.missing_value() {
+                        Some(x) => {
+                            if let Some(n) = counts.as_deref_mut() {
+                                bump(&mut n.imputed, i);
+                            }
+                            x.round() as i64
+                        }
+                        None => {
+                            return fail(
+                                out,
+                                locate(
+                                    &c.name,
+                                    "missing date (empty, NaN, NA and null are missing; the model has no imputation for this column — it was trained with data.predict_missing: refuse, or by an older kiln)".into(),
+                                ),
+                            );
+                        }
+                    },
+                    RawValue::Number(x) => {
+                        return fail(
+                            out,
+                            locate(
+                                &c.name,
+                                format!(
+                                    "expected a date as text (e.g. \"2024-03-01\"), got the number {x}"
+                                ),
+                            ),
+                        );
+                    }
+                    RawValue::Text(t) => match d.day(t) {
+                        Ok(day) => day,
+                        Err(m) => return fail(out, locate(&c.name, m)),
+                    },
+                };
+                out.extend(d.parts.iter().map(|p| p.of_day(day) as f32));
+                continue;
+            }
             match (&c.categories, *v) {
                 (None, RawValue::Missing) => match c.missing_value() {
                     Some(x) => {

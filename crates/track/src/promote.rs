@@ -612,6 +612,8 @@ pub fn compatible_on_raw_columns(
     let kind = |c: &crate::data::preprocess::InputColumn| {
         if c.categories.is_some() {
             "categorical"
+        } else if c.date.is_some() {
+            "date"
         } else {
             "numeric"
         }

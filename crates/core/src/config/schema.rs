@@ -428,25 +428,7 @@ pub struct SplitConfig {
     pub date_format: Option<DateOrder>,
 }
 
-/// The field order of a date whose year is last (`data.split.date_format`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DateOrder {
-    /// Month, day, year (US: `03/01/2024` is 1 March).
-    Mdy,
-    /// Day, month, year (EU: `03/01/2024` is 3 January).
-    Dmy,
-}
-
-impl DateOrder {
-    /// The name used in configs.
-    pub fn name(self) -> &'static str {
-        match self {
-            DateOrder::Mdy => "mdy",
-            DateOrder::Dmy => "dmy",
-        }
-    }
-}
+pub use kiln_model::dates::DateOrder;
 
 /// Where the data comes from and which columns matter.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -488,6 +470,13 @@ pub struct DataConfig {
     /// category, in training and at predict/serve time; the vocabulary is stored lower-cased).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub case_insensitive: Vec<String>,
+    /// Date features: each listed column (also in `features`) is read as a date (ISO, or US/EU
+    /// forms as `split.date_format` or the values decide) and the network sees the listed
+    /// parts, one input each (`year`, `month`, `day_of_week`, `day_of_year`,
+    /// `elapsed_days`), named `<column>.<part>`. The same reading runs at predict and serve
+    /// time, where the column is sent as text.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub dates: std::collections::BTreeMap<String, Vec<kiln_model::dates::DatePart>>,
     /// A missing feature cell at predict and serve time in a column whose training split had
     /// none (`impute`, the default: the training split's median for a numeric column, the
     /// unknown bucket for a categorical one; `refuse`: an error naming the row and column).

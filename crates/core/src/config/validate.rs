@@ -192,6 +192,37 @@ impl ExperimentConfig {
                 );
             }
         }
+        for (c, parts) in &self.data.dates {
+            let key = format!("data.dates.{c}");
+            if !self.data.features.contains(c) {
+                return bad(
+                    key,
+                    format!(
+                        "column {c:?} is not in data.features ({}); list it there too, where the network should see its parts",
+                        self.data.features.join(", ")
+                    ),
+                );
+            }
+            if self.data.categorical.contains(c) {
+                return bad(
+                    key,
+                    format!(
+                        "column {c:?} is also in data.categorical; a column is a date or a category"
+                    ),
+                );
+            }
+            if parts.is_empty() {
+                return bad(
+                    key,
+                    "expected at least one part: year, month, day_of_week, day_of_year, elapsed_days".into(),
+                );
+            }
+            for (i, p) in parts.iter().enumerate() {
+                if parts[..i].contains(p) {
+                    return bad(key, format!("part {} is listed twice", p.name()));
+                }
+            }
+        }
         for (i, c) in self.data.case_insensitive.iter().enumerate() {
             if !self.data.categorical.contains(c) {
                 return bad(

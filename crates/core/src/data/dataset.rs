@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::collections::BTreeMap;
 
 use super::preprocess::{
-    EncodeCounts, INDICATOR_SUFFIX, InputColumn, Preprocessing, RawValue, median,
+    DateEncoding, EncodeCounts, INDICATOR_SUFFIX, InputColumn, Preprocessing, RawValue, median,
 };
 use super::split;
 use super::table::{CsvTable, DataError, is_missing};
@@ -61,7 +61,7 @@ fn categorical_hint(e: DataError, categorical: &[String]) -> DataError {
             line,
             message: if super::dates::is_date(&value) {
                 format!(
-                    "expected a number, got the date {value:?}; a date is neither a number nor a category (as one, every future date would fall in the unknown bucket): take `{column}` out of data.features and split on it (data.split.column: {column})"
+                    "expected a number, got the date {value:?}; a date is neither a number nor a category (as one, every future date would fall in the unknown bucket): declare it a date feature (data.dates: {{{column}: [month, day_of_week, day_of_year]}}), or take it out of data.features and split on it (data.split.column: {column})"
                 )
             } else {
                 format!(
@@ -103,6 +103,45 @@ pub struct Dataset {
     /// Missing cells (empty, `NaN`, `NA`, `null`) per feature and target column, over the
     /// whole file.
     pub missing_cells: BTreeMap<String, usize>,
+}
+
+/// How date feature `name` (column `j`) is read, when `data.dates` lists it: its parts, and
+/// the order of year-last dates (decided by the column's values, else `split.date_format`;
+/// an ambiguous or mixed column is an error naming it).
+fn date_encoding(
+    cfg: &DataConfig,
+    table: &CsvTable,
+    name: &str,
+    j: usize,
+) -> Result<Option<DateEncoding>, DataError> {
+    use super::dates::{ColumnOrder, column_order};
+    let Some(parts) = cfg.dates.get(name) else {
+        return Ok(None);
+    };
+    let cells: Vec<_> = table.column_cells(j).filter(|c| !is_missing(c)).collect();
+    let order = match column_order(cells.iter().map(|c| c.as_ref())) {
+        ColumnOrder::NotNeeded => cfg.split.date_format,
+        ColumnOrder::Decided(o) => Some(o),
+        ColumnOrder::Ambiguous(example) => match cfg.split.date_format {
+            Some(o) => Some(o),
+            None => {
+                return Err(DataError::Other(format!(
+                    "{}: date column `{name}` holds dates like {example:?} that read month first (US) or day first (EU), and no value decides which: set data.split.date_format: mdy or dmy",
+                    cfg.path.display()
+                )));
+            }
+        },
+        ColumnOrder::Mixed(d, m) => {
+            return Err(DataError::Other(format!(
+                "{}: date column `{name}` mixes day-first dates ({d:?}) and month-first ones ({m:?}); one column needs one format",
+                cfg.path.display()
+            )));
+        }
+    };
+    Ok(Some(DateEncoding {
+        order,
+        parts: parts.clone(),
+    }))
 }
 
 impl Dataset {
@@ -165,6 +204,12 @@ impl Dataset {
             .collect();
         let policies: Vec<&MissingPolicy> =
             cfg.features.iter().map(|f| cfg.missing.policy(f)).collect();
+        let date_enc: Vec<Option<DateEncoding>> = cfg
+            .features
+            .iter()
+            .zip(&f_idx)
+            .map(|(name, &j)| date_encoding(cfg, table, name, j))
+            .collect::<Result<_, _>>()?;
         for f in &cfg.features {
             if matches!(
                 cfg.missing.policy(f),
@@ -242,11 +287,12 @@ impl Dataset {
                 }
                 _ => None,
             };
-            for (((&j, name), policy), &cat) in f_idx
+            for ((((&j, name), policy), &cat), date) in f_idx
                 .iter()
                 .zip(&cfg.features)
                 .zip(&policies)
                 .zip(&categorical)
+                .zip(&date_enc)
             {
                 if table.is_missing_at(i, j) {
                     let cell = table.cell(i, j);
@@ -269,6 +315,14 @@ impl Dataset {
                         }
                         MissingPolicy::Impute { .. } => {}
                     }
+                } else if let Some(d) = date {
+                    d.day(&table.cell(i, j))
+                        .map_err(|message| DataError::Cell {
+                            path: table.path.clone(),
+                            line,
+                            column: name.clone(),
+                            message,
+                        })?;
                 } else if !cat {
                     table
                         .f32_at(i, j, name)
@@ -317,11 +371,12 @@ impl Dataset {
         // Imputation values and vocabularies from the training split only.
         let impute_at_predict = cfg.predict_missing == PredictMissing::Impute;
         let mut inputs = Vec::with_capacity(cfg.features.len());
-        for (((&j, name), policy), &cat) in f_idx
+        for ((((&j, name), policy), &cat), date) in f_idx
             .iter()
             .zip(&cfg.features)
             .zip(&policies)
             .zip(&categorical)
+            .zip(&date_enc)
         {
             let mut col = InputColumn::numeric(name);
             let cells = || {
@@ -331,6 +386,48 @@ impl Dataset {
                     .map(|&r| table.cell(r, j))
                     .filter(|c| !is_missing(c))
             };
+            if let Some(d) = date {
+                // A missing date gets a day (the training split's mean or median day), whose
+                // parts the network sees.
+                let mut days: Vec<f64> = cells()
+                    .map(|c| d.day(&c).expect("checked in pass 1") as f64)
+                    .collect();
+                match policy {
+                    MissingPolicy::Impute {
+                        with, indicator, ..
+                    } => {
+                        let v = match with {
+                            Imputation::Mean if !days.is_empty() => {
+                                days.iter().sum::<f64>() / days.len() as f64
+                            }
+                            Imputation::Median if !days.is_empty() => {
+                                median(&mut days).expect("non-empty")
+                            }
+                            Imputation::Constant => {
+                                return Err(DataError::Other(format!(
+                                    "{}: date column `{name}`: impute: constant is for numbers; use impute: median (the training split's median day) or mean",
+                                    cfg.path.display()
+                                )));
+                            }
+                            _ => {
+                                return Err(DataError::Other(format!(
+                                    "{}: date column `{name}`: every training row is missing, so there is no day to impute; drop the feature",
+                                    cfg.path.display()
+                                )));
+                            }
+                        };
+                        col.impute = Some(v.round());
+                        col.indicator = *indicator;
+                    }
+                    MissingPolicy::Error | MissingPolicy::DropRow if impute_at_predict => {
+                        col.fallback = median(&mut days).map(f64::round);
+                    }
+                    MissingPolicy::Error | MissingPolicy::DropRow => {}
+                }
+                col.date = Some(d.clone());
+                inputs.push(col);
+                continue;
+            }
             if cat {
                 let fold = cfg.case_insensitive.contains(name);
                 col.case_insensitive = fold;
@@ -503,9 +600,18 @@ impl Dataset {
             .preprocessing
             .inputs
             .iter()
-            .map(|c| match &c.categories {
-                Some(v) => format!("{} categorical ({} values)", c.name, v.len()),
-                None => format!("{} numeric", c.name),
+            .map(|c| match (&c.categories, &c.date) {
+                (Some(v), _) => format!("{} categorical ({} values)", c.name, v.len()),
+                (None, Some(d)) => format!(
+                    "{} date ({})",
+                    c.name,
+                    d.parts
+                        .iter()
+                        .map(|p| p.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                (None, None) => format!("{} numeric", c.name),
             })
             .collect();
         s.push_str(&format!("\n  features: {}", kinds.join(", ")));

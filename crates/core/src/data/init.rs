@@ -474,6 +474,19 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         .unwrap();
         writeln!(y, "  categorical: [{}]", list(&categorical)).unwrap();
     }
+    if let Some(d) = &date {
+        // Offered, not switched on: whether a date's parts pay depends on the table (the
+        // season repeats, the trend extrapolates), which only a validation run can say.
+        writeln!(
+            y,
+            "  # The date `{d}` can also be a feature: add it to `features` and uncomment this line
+  # (parts: year, month, day_of_week, day_of_year, elapsed_days; year and elapsed_days
+  # extrapolate past the training dates, the others repeat).
+  # dates: {{{}: [month, day_of_week, day_of_year]}}",
+            yaml_name(d)
+        )
+        .unwrap();
+    }
     writeln!(y, "  targets: [{}]", list(targets)).unwrap();
     writeln!(
         y,

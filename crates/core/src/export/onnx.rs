@@ -328,6 +328,11 @@ pub enum OnnxError {
         /// The transform's name.
         transform: &'static str,
     },
+    /// A feature is a date column, whose text the ONNX graph cannot parse.
+    #[error(
+        "feature `{0}` is a date column (data.dates): the ONNX graph has no date parser, so kiln refuses to export it (serve it with `kiln serve` or `kiln predict`, or give the model the date parts as numeric columns)"
+    )]
+    DateFeature(String),
 }
 
 /// What [`export_file`] wrote.
@@ -753,6 +758,15 @@ pub fn export_file(checkpoint: &Path, out: &Path) -> Result<OnnxSummary, OnnxErr
             target: t.name.clone(),
             transform: t.transform.name(),
         });
+    }
+    if let Some(c) = ckpt
+        .manifest
+        .input_preprocessing()
+        .inputs
+        .iter()
+        .find(|c| c.date.is_some())
+    {
+        return Err(OnnxError::DateFeature(c.name.clone()));
     }
     let model = model_proto(&ckpt);
     let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());

@@ -45,7 +45,7 @@ impl ModelSpec {
             pre.inputs
                 .iter()
                 .map(|c| {
-                    let dt = if c.categories.is_some() {
+                    let dt = if c.categories.is_some() || c.date.is_some() {
                         Datatype::Bytes
                     } else {
                         Datatype::Fp32
@@ -55,6 +55,8 @@ impl ModelSpec {
                         "refused"
                     } else if c.categories.is_some() {
                         "an empty string (or NaN, NA, null); goes to the unknown bucket"
+                    } else if c.date.is_some() {
+                        "an empty string (or NaN, NA, null); imputed"
                     } else {
                         "NaN; imputed"
                     };
@@ -63,6 +65,11 @@ impl ModelSpec {
                     if let Some(cats) = &c.categories {
                         t.parameters
                             .insert("categories".into(), Value::from(cats.len()));
+                    }
+                    if let Some(d) = &c.date {
+                        let parts: Vec<&str> = d.parts.iter().map(|p| p.name()).collect();
+                        t.parameters
+                            .insert("date_parts".into(), Value::String(parts.join(",")));
                     }
                     t
                 })
@@ -148,11 +155,13 @@ pub(super) fn decode_columns(
                 t.name, t.shape, given[0].name
             )));
         }
-        columns.push(if col.categories.is_some() {
+        columns.push(if col.categories.is_some() || col.date.is_some() {
             if t.datatype != Datatype::Bytes {
                 return Err(ProtocolError(format!(
-                    "input `{}` has datatype {}; expected BYTES (a categorical column: send its values as strings)",
-                    t.name, t.datatype
+                    "input `{}` has datatype {}; expected BYTES (a {} column: send its values as strings)",
+                    t.name,
+                    t.datatype,
+                    if col.date.is_some() { "date" } else { "categorical" }
                 )));
             }
             Column::Text(t.to_strings()?)
