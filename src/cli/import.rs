@@ -53,6 +53,6 @@ pub fn pytorch(a: &PytorchArgs) -> CliResult {
         m.architecture.activation.name(),
         m.run_id
     );
-    println!("{}", a.out.display());
+    println!("{}", super::printed(&a.out).display());
     Ok(())
 }

@@ -64,3 +64,9 @@ pub fn parse_serve_engine(s: &str) -> Result<kiln::records::EngineKind, String> 
         .filter(|k| k.is_built())
         .ok_or_else(|| kiln::serve::server::unknown_engine(s))
 }
+
+/// A path as printed for scripts: absolute (resolved against the working directory), so that
+/// it can be handed on from another directory.
+pub fn printed(p: &std::path::Path) -> std::path::PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}

@@ -76,7 +76,7 @@ pub fn profile_infer(args: &ProfileInferArgs) -> CliResult {
         other => CliError::from(other),
     })?;
     eprint!("{}", o.averages.table(SortBy::Total, 30));
-    println!("{}", o.table_json.display());
+    println!("{}", super::printed(&o.table_json).display());
     eprintln!(
         "trace: {} (open in https://ui.perfetto.dev or chrome://tracing)",
         o.trace.display()

@@ -139,7 +139,7 @@ pub fn report(registry: &Path, out: &Path, which: LatencyBatch) -> CliResult {
     let rows = reg.list()?;
     let shown = Location::from_path(registry).display();
     for p in report::write_report(&rows, &shown, out, which)? {
-        println!("{}", p.display());
+        println!("{}", super::printed(&p).display());
     }
     Ok(())
 }

@@ -72,12 +72,7 @@ fn print_summary(s: &RunSummary, quiet: bool) {
     if let Some(d) = &o.export_dir {
         // Absolute: a nightly script hands it to `kiln promote` or `kiln serve` from another
         // working directory.
-        println!(
-            "{}",
-            std::path::absolute(d)
-                .unwrap_or_else(|_| d.clone())
-                .display()
-        );
+        println!("{}", super::printed(d).display());
     }
     if quiet {
         return;
