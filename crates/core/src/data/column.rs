@@ -215,3 +215,6 @@ impl ReadLimits {
         })
     }
 }
+
+/// Which columns a read keeps, by name (`None`: every column).
+pub type Projection<'a> = Option<&'a dyn Fn(&str) -> bool>;

@@ -40,7 +40,7 @@ pub mod parquet {
     pub fn read_file_columns(
         _file: std::fs::File,
         _limits: &super::table::ReadLimits,
-        _keep: super::table::Projection<'_>,
+        _keep: super::column::Projection<'_>,
     ) -> Result<ProjectedCells, String> {
         Err(read(Vec::new()).unwrap_err())
     }

@@ -57,7 +57,7 @@ pub type ProjectedCells = (Vec<String>, Vec<Column>, Vec<bool>);
 pub fn read_file_columns(
     file: std::fs::File,
     limits: &ReadLimits,
-    keep: crate::data::table::Projection<'_>,
+    keep: crate::data::column::Projection<'_>,
 ) -> Result<ProjectedCells, String> {
     read_from(file, limits, keep)
 }
@@ -69,7 +69,7 @@ pub fn read_file_columns(
 fn read_from<R: parquet::file::reader::ChunkReader + 'static>(
     source: R,
     limits: &ReadLimits,
-    keep: crate::data::table::Projection<'_>,
+    keep: crate::data::column::Projection<'_>,
 ) -> Result<ProjectedCells, String> {
     let limits = *limits;
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -90,7 +90,7 @@ fn read_from<R: parquet::file::reader::ChunkReader + 'static>(
 fn read_bounded<R: parquet::file::reader::ChunkReader + 'static>(
     source: R,
     limits: &ReadLimits,
-    keep: crate::data::table::Projection<'_>,
+    keep: crate::data::column::Projection<'_>,
 ) -> Result<ProjectedCells, String> {
     let bad = |e: parquet::errors::ParquetError| {
         let e = e.to_string();

@@ -180,8 +180,7 @@ pub struct CsvTable {
     pub lines: Vec<u64>,
 }
 
-/// Which columns a read keeps, by name (`None`: every column).
-pub type Projection<'a> = Option<&'a dyn Fn(&str) -> bool>;
+pub use super::column::Projection;
 
 /// Which limit a stream passed (carried inside an `io::Error` through the CSV reader).
 #[derive(Debug)]

@@ -65,11 +65,16 @@ fn train_with_seed_spread<B: AutodiffBackend>(
                 path: path.clone(),
             }
         };
+        // Recorded absolute: the manifest is read from anywhere.
+        let shown = std::path::absolute(&path)
+            .unwrap_or_else(|_| path.clone())
+            .display()
+            .to_string();
         let test_mse = |m: &crate::artifact::Manifest| -> Vec<f64> {
             m.metrics.test_mse().into_iter().map(|(_, v)| v).collect()
         };
         if resume && let Ok(c) = crate::artifact::Checkpoint::load(&run.export_dir()) {
-            others.push((seed, path.display().to_string(), test_mse(&c.manifest)));
+            others.push((seed, shown, test_mse(&c.manifest)));
             continue;
         }
         reporter.line(&format!(
@@ -95,7 +100,7 @@ fn train_with_seed_spread<B: AutodiffBackend>(
             // Interrupted (tests' stop_after_epochs): so is the run.
             return Ok(t);
         };
-        others.push((seed, path.display().to_string(), test_mse(manifest)));
+        others.push((seed, shown, test_mse(manifest)));
     }
     let mut loaded = job.config.clone();
     loaded.config.seed_spread_pass = Some(crate::config::SeedSpreadPass { others });
