@@ -69,6 +69,6 @@ pub fn init(data: &Path, targets: &[String], out: &Path) -> CliResult {
     for n in &s.notes {
         eprintln!("{n}");
     }
-    println!("{}", super::printed(&out).display());
+    println!("{}", super::printed(out).display());
     Ok(())
 }
