@@ -359,11 +359,6 @@ impl PgConn {
         let client = state.client.as_mut().expect("reconnected above");
         Ok(f(client)?)
     }
-
-    /// Drop the connection (the next statement reconnects): for tests of the reconnect path.
-    pub fn disconnect(&self) {
-        self.lock().client = None;
-    }
 }
 
 /// `?N` → `$N` (the registry's SQL has no `?` inside string literals).
