@@ -399,3 +399,38 @@ pub fn planted_runs(
     }
     ids
 }
+
+/// The part of a test config after `data:` — the model, a one-process loader and the two
+/// stages (mean: MSE at learning rate `lr`; variance: Gaussian NLL at 1e-2) — with exports
+/// under `export`.
+pub fn model_and_stages(
+    hidden: &str,
+    batch: usize,
+    mean_epochs: usize,
+    lr: &str,
+    variance_epochs: usize,
+    export: &Path,
+) -> String {
+    format!(
+        "model:
+  hidden: {hidden}
+loader:
+  batch_size: {batch}
+  num_workers: 0
+stages:
+  - name: mean
+    trainable: [backbone, mean_head]
+    loss: mse
+    epochs: {mean_epochs}
+    optimizer: {{lr: {lr}}}
+  - name: variance
+    trainable: [logvar_head]
+    loss: gaussian_nll
+    epochs: {variance_epochs}
+    optimizer: {{lr: 1.0e-2, weight_decay: 0.0}}
+export:
+  dir: {}
+",
+        export.display()
+    )
+}

@@ -48,27 +48,9 @@ data:
     by: random
     validation: 0.15
     test: 0.15
-model:
-  hidden: [32, 32]
-loader:
-  batch_size: 32
-  num_workers: 0
-stages:
-  - name: mean
-    trainable: [backbone, mean_head]
-    loss: mse
-    epochs: 30
-    optimizer: {{lr: 3.0e-3}}
-  - name: variance
-    trainable: [logvar_head]
-    loss: gaussian_nll
-    epochs: 2
-    optimizer: {{lr: 1.0e-2, weight_decay: 0.0}}
-export:
-  dir: {}
-",
+{}",
         data.display(),
-        dir.join("out").display()
+        crate::common::model_and_stages("[32, 32]", 32, 30, "3.0e-3", 2, &dir.join("out"))
     );
     let p = dir.join(if dates.is_empty() {
         "plain.yaml"

@@ -30,7 +30,7 @@ enum Backend {
 }
 
 /// `base` with its database name replaced by `db`.
-fn with_database(base: &str, db: &str) -> String {
+pub(crate) fn with_database(base: &str, db: &str) -> String {
     let (main, query) = match base.split_once('?') {
         Some((m, q)) => (m, format!("?{q}")),
         None => (base, String::new()),

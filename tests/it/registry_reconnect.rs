@@ -13,21 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{required_env, root, tiny_config};
+use crate::registry_conformance::with_database;
 
 const PG_ENV: &str = "KILN_TEST_POSTGRES_URL";
-
-/// `base` with its database replaced by `db`.
-fn with_database(base: &str, db: &str) -> String {
-    let (main, query) = base.split_once('?').unwrap_or((base, ""));
-    let after = main.find("://").map_or(0, |i| i + 3);
-    let end = main[after..].find('/').map_or(main.len(), |i| after + i);
-    let q = if query.is_empty() {
-        String::new()
-    } else {
-        format!("?{query}")
-    };
-    format!("{}/{db}{q}", &main[..end])
-}
 
 /// A new database on the test server: (its name, its URL, a client on the server's default
 /// database for administration).

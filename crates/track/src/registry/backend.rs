@@ -433,6 +433,25 @@ fn pg_param(v: &Value, ty: &postgres::types::Type) -> Box<dyn postgres::types::T
     }
 }
 
+/// `params` bound to a prepared statement's parameter types.
+fn pg_bind(
+    stmt: &postgres::Statement,
+    params: &[Value],
+) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
+    params
+        .iter()
+        .zip(stmt.params())
+        .map(|(v, t)| pg_param(v, t))
+        .collect()
+}
+
+/// The references `postgres` takes for bound parameters.
+fn pg_refs(
+    bound: &[Box<dyn postgres::types::ToSql + Sync>],
+) -> Vec<&(dyn postgres::types::ToSql + Sync)> {
+    bound.iter().map(|b| b.as_ref()).collect()
+}
+
 fn pg_row(row: &postgres::Row) -> Result<Vec<Value>, DbError> {
     use postgres::types::Type;
     let mut out = Vec::with_capacity(row.len());
@@ -527,14 +546,8 @@ impl Db {
                 let sql = pg_placeholders(sql);
                 pg.run(|c| {
                     let stmt = c.prepare(&sql)?;
-                    let bound: Vec<Box<dyn postgres::types::ToSql + Sync>> = params
-                        .iter()
-                        .zip(stmt.params())
-                        .map(|(v, t)| pg_param(v, t))
-                        .collect();
-                    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                        bound.iter().map(|b| b.as_ref()).collect();
-                    Ok(c.execute(&stmt, &refs)? as usize)
+                    let bound = pg_bind(&stmt, params);
+                    Ok(c.execute(&stmt, &pg_refs(&bound))? as usize)
                 })
             }
         }
@@ -557,14 +570,8 @@ impl Db {
                 let sql = pg_placeholders(sql);
                 let rows = pg.run(|c| {
                     let stmt = c.prepare(&sql)?;
-                    let bound: Vec<Box<dyn postgres::types::ToSql + Sync>> = params
-                        .iter()
-                        .zip(stmt.params())
-                        .map(|(v, t)| pg_param(v, t))
-                        .collect();
-                    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                        bound.iter().map(|b| b.as_ref()).collect();
-                    c.query(&stmt, &refs)
+                    let bound = pg_bind(&stmt, params);
+                    c.query(&stmt, &pg_refs(&bound))
                 })?;
                 rows.iter().map(pg_row).collect()
             }
