@@ -303,7 +303,11 @@ fn kiln_import_pytorch_then_kiln_predict_with_every_engine() {
         d.path(),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "imported");
+    // The printed path is absolute (it is handed on from other directories).
+    assert_eq!(
+        std::path::PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
+        std::path::absolute(d.path().join("imported")).unwrap()
+    );
     std::fs::write(
         d.path().join("in.csv"),
         "id,a,b,c\n1,10.0,0.5,-1.0\n2,3.0,-1.0,-2.0\n",
