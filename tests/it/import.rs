@@ -304,9 +304,11 @@ fn kiln_import_pytorch_then_kiln_predict_with_every_engine() {
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // The printed path is absolute (it is handed on from other directories).
+    let printed = std::path::PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+    assert!(printed.is_absolute(), "{}", printed.display());
     assert_eq!(
-        std::path::PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
-        std::path::absolute(d.path().join("imported")).unwrap()
+        std::fs::canonicalize(&printed).unwrap(),
+        std::fs::canonicalize(d.path().join("imported")).unwrap()
     );
     std::fs::write(
         d.path().join("in.csv"),
