@@ -24,6 +24,15 @@
 //! ([`GpuDeviation`]); [`Engine::load_note`] reports it, and `kiln bench`/`kiln serve` print it
 //! at load, as `int8`'s accuracy change is.
 
+pub mod engine;
+// The `#[cube(launch)]` macro generates undocumented public items (the launch module).
+#[allow(missing_docs)]
+pub mod kernel;
+
+#[cfg(feature = "wgpu")]
+pub use engine::WgpuKernelEngine;
+pub use engine::{KernelEngine, KernelFloat};
+
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
