@@ -17,7 +17,9 @@
 
 use burn::tensor::DType;
 
-pub use super::gpu::engine::{KernelEngine, KernelFloat, burn_module_requested, kernel_refuses};
+pub use super::gpu::engine::{
+    KernelEngine, KernelFloat, burn_module_requested, kernel_or_module, kernel_refuses,
+};
 pub use super::gpu::{BUCKETS, GpuEngine, bucket_for};
 use super::{Engine, InferError};
 use crate::artifact::HostWeights;
@@ -26,8 +28,8 @@ use crate::artifact::HostWeights;
 pub type CudaKernelEngine<F> = KernelEngine<cubecl::cuda::CudaRuntime, F>;
 
 /// The engine `label` computing in `F` (`f32` or `bf16`): the fused kernel, or the Burn module
-/// `B` (same dtype) when the kernel refuses the network or `KILN_GPU_ENGINE=burn` asks for it
-/// (the load note says which ran).
+/// `B` (same dtype) when the kernel refuses the network, cannot be built on this device, or
+/// `KILN_GPU_ENGINE=burn` asks for it ([`kernel_or_module`]; the load note says which ran).
 pub fn cuda_engine_for<B, F>(
     weights: &HostWeights,
     label: &str,
@@ -36,10 +38,11 @@ where
     B: burn::tensor::backend::Backend<Device = burn::backend::cuda::CudaDevice>,
     F: KernelFloat,
 {
-    if burn_module_requested() || kernel_refuses(&weights.arch).is_some() {
-        return Ok(Box::new(cuda_engine::<B>(weights, label, F::DTYPE)?));
-    }
-    Ok(Box::new(cuda_kernel_engine::<F>(weights, label)?))
+    let device = crate::backend::cuda_probe().map_err(|reason| InferError::Unavailable {
+        engine: label.to_string(),
+        reason: reason.to_string(),
+    })?;
+    kernel_or_module::<cubecl::cuda::CudaRuntime, B, F>(weights, label, &device)
 }
 
 /// Probe the GPU, then build the fused-kernel engine named `label` computing in `F`.

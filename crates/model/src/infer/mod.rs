@@ -11,7 +11,7 @@
 //! | `int8` | [`Int8Engine`]: int8 weights per channel, int8 activations per row, i32 dot products (AVX-512 VNNI) | `int8::INT8_ABS_TOL` + `int8::INT8_REL_TOL` × abs(y) |
 //! | `auto` (default) | [`AutoEngine`]: the fastest *exact* engine: `fused` on this CPU's best instruction set; a row's bits never depend on the batch | that of `fused` (bit for bit) |
 //! | `auto-int8` | [`AutoEngine::with_int8`]: per batch-size bucket, the fastest of `fused` and `int8` (when int8's bound holds for the checkpoint), timed at load | that of the chosen engine (bit for bit) |
-//! | `cuda-bf16`, `cuda-f32` | `gpu::engine::KernelEngine` (feature `cuda`): the whole network as one fused CubeCL kernel launch per call, weights resident, bf16 / f32 with f32 accumulation; `gpu::GpuEngine` (the Burn module on Burn's CUDA backend, explicit dtype) for networks wider than the kernel takes or with `KILN_GPU_ENGINE=burn`; every batch bucket warmed up at build, the max deviation from `fused` measured at load | ≤ 1e-2 relative |
+//! | `cuda-bf16`, `cuda-f32` | `gpu::engine::KernelEngine` (feature `cuda`): the whole network as one fused CubeCL kernel launch per call, weights resident, bf16 / f32 with f32 accumulation; `gpu::GpuEngine` (the Burn module on Burn's CUDA backend, explicit dtype) for networks wider than the kernel takes, when the kernel cannot be built on the device, or with `KILN_GPU_ENGINE=burn`; the kernel compiled (the Burn module: every batch bucket warmed up) at build, the max deviation from `fused` measured at load | ≤ 1e-2 relative |
 //!
 //! With the `wgpu` feature, both `gpu::engine::KernelEngine` and `gpu::GpuEngine` also run on
 //! Burn's wgpu backend (any Vulkan device; Mesa's software lavapipe in CI) in f32 and f16: the
@@ -211,8 +211,9 @@ pub fn cpu_engine_names() -> Vec<&'static str> {
 ///   build and again at `warm_up`;
 /// * `cuda-bf16`, `cuda-f32` (feature `cuda`): one fused CubeCL kernel launch per call
 ///   (`gpu::engine::KernelEngine`), or the Burn module on Burn's CUDA backend for networks
-///   wider than the kernel takes or with `KILN_GPU_ENGINE=burn`; warmed up at build for every
-///   batch bucket; [`InferError::Unavailable`] without a usable GPU.
+///   wider than the kernel takes, when the kernel cannot be built on the device, or with
+///   `KILN_GPU_ENGINE=burn`; compiled (the Burn module: warmed up for every batch bucket) at
+///   build; [`InferError::Unavailable`] without a usable GPU.
 pub fn build_engine(
     kind: EngineKind,
     weights: &HostWeights,

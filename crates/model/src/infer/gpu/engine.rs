@@ -23,11 +23,21 @@
 //! * **No CUDA graphs**: cubecl 0.10 has no graph or stream-capture API, and its streams are
 //!   not exposed, so a call is one launch on cubecl's stream, not a replayed graph.
 //!
+//! # Reading back a prefix
+//! A handle from `ComputeClient::empty`/`create*` is a window onto a base allocation rounded up
+//! to the runtime's memory alignment (`cubecl-runtime` 0.10 `allocator.rs`: `apply` rounds
+//! `total_size` up, `offset_handles` sets the window's `offset_end` to the padding), and
+//! `Handle::offset_end` *adds* to the offset already set. The call's rows are therefore the
+//! window's used size minus the unused rows' bytes ([`read_prefix`]), never the base size
+//! (`Handle::size`) minus them, which trims the padding twice: that read 4 of a 1-row bucket's 6
+//! values on lavapipe and failed every build with "range end index 6 out of range for slice of
+//! length 4".
+//!
 //! # Fallback
 //! The kernel keeps one row's activations in a local array of `2 × width` values, `width` the
 //! widest layer (or input); above [`MAX_KERNEL_WIDTH`] the engines fall back to the Burn module
 //! ([`super::GpuEngine`]), as they do when `KILN_GPU_ENGINE=burn` is set (benches compare the
-//! two that way).
+//! two that way) and when the kernel cannot be built on the device ([`kernel_or_module`]).
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -124,6 +134,76 @@ pub fn burn_module_requested() -> bool {
     std::env::var(ENGINE_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("burn"))
 }
 
+/// The engine `label` on `device` computing in `F`: the fused kernel ([`KernelEngine`] on
+/// runtime `R`), or the Burn module on backend `B` (same device, dtype `F::DTYPE`) when
+/// `KILN_GPU_ENGINE=burn` asks for it, when the kernel refuses the network
+/// ([`kernel_refuses`]) or when building the kernel fails ([`InferError::Unavailable`]: the
+/// runtime could not compile or run it). The load note says which runs and why.
+pub fn kernel_or_module<R, B, F>(
+    weights: &HostWeights,
+    label: &str,
+    device: &R::Device,
+) -> Result<Box<dyn Engine>, InferError>
+where
+    R: Runtime,
+    B: burn::tensor::backend::Backend<Device = R::Device>,
+    F: KernelFloat,
+{
+    kernel_or_module_with::<B>(weights, label, device, F::DTYPE, || {
+        KernelEngine::<R, F>::on_device(weights, label, device).map(|k| Box::new(k) as _)
+    })
+}
+
+/// [`kernel_or_module`] on cubecl's wgpu runtime, with Burn's wgpu backend as the fallback (the
+/// CI tests' stand-in for `cuda_engine_for`).
+#[cfg(feature = "wgpu")]
+pub fn wgpu_kernel_or_module<F: KernelFloat>(
+    weights: &HostWeights,
+    label: &str,
+    device: &cubecl::wgpu::WgpuDevice,
+) -> Result<Box<dyn Engine>, InferError> {
+    kernel_or_module::<cubecl::wgpu::WgpuRuntime, crate::backend::WgpuF32, F>(
+        weights, label, device,
+    )
+}
+
+/// [`kernel_or_module`] with the kernel's builder given: the Burn module on `B` in `dtype`
+/// unless `KILN_GPU_ENGINE=burn` or [`kernel_refuses`] rule the kernel out, then `kernel()`,
+/// and the Burn module again when that is [`InferError::Unavailable`] (other errors are the
+/// caller's: bad weights fail the Burn module too).
+pub fn kernel_or_module_with<B>(
+    weights: &HostWeights,
+    label: &str,
+    device: &B::Device,
+    dtype: DType,
+    kernel: impl FnOnce() -> Result<Box<dyn Engine>, InferError>,
+) -> Result<Box<dyn Engine>, InferError>
+where
+    B: burn::tensor::backend::Backend,
+{
+    let module = |why: String| -> Result<Box<dyn Engine>, InferError> {
+        let engine = super::GpuEngine::<B>::on_device(weights, label, device.clone(), dtype)?;
+        Ok(Box::new(engine.with_fallback_reason(why)))
+    };
+    if burn_module_requested() {
+        return module(format!("{ENGINE_ENV}=burn asks for it"));
+    }
+    if let Some(why) = kernel_refuses(&weights.arch) {
+        return module(why);
+    }
+    match kernel() {
+        Ok(engine) => Ok(engine),
+        Err(InferError::Unavailable { reason, .. }) => {
+            tracing::warn!(
+                target: "kiln::infer::gpu",
+                "{label}: the fused kernel could not be built ({reason}); using the Burn module"
+            );
+            module(format!("the fused kernel could not be built: {reason}"))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The packed parameters (each backbone layer's weights then bias; then the two heads as one
 /// `2k`-column layer) and the widths `[n_features, hidden…, 2k]`.
 pub fn pack_weights(weights: &HostWeights) -> (Vec<f32>, Vec<u32>) {
@@ -164,8 +244,8 @@ pub struct KernelEngine<R: Runtime, F: KernelFloat> {
 }
 
 impl<R: Runtime, F: KernelFloat> KernelEngine<R, F> {
-    /// Upload `weights` to `device` once, allocate every bucket's output buffer, run each
-    /// bucket once (compiling the kernel) and measure the deviation from `fused`. Errors: the
+    /// Upload `weights` to `device` once, allocate every bucket's output buffer, run one row
+    /// (compiling the kernel) and measure the deviation from `fused`. Errors: the
     /// shape is not one the kernel takes ([`kernel_refuses`]) or the runtime panicked
     /// ([`InferError::Unavailable`]).
     pub fn on_device(
@@ -204,11 +284,12 @@ impl<R: Runtime, F: KernelFloat> KernelEngine<R, F> {
                 staging: Vec::new(),
                 deviation: None,
             };
+            // One launch compiles the kernel: every batch size runs the same compiled kernel
+            // (the widths and the row count are read at run time; only the cube count changes),
+            // so unlike the Burn module there is nothing to warm per bucket.
             let mut out = HeadOutput::default();
-            for &b in &BUCKETS {
-                let x = vec![0.0f32; b * engine.arch.n_features];
-                engine.forward(&x, b, &mut out)?;
-            }
+            let x = vec![0.0f32; engine.arch.n_features];
+            engine.forward(&x, 1, &mut out)?;
             engine.deviation = Some(engine.measure_deviation(weights)?);
             if let Some(note) = engine.load_note() {
                 tracing::info!(target: "kiln::infer::gpu", "{note}");
@@ -284,10 +365,9 @@ impl<R: Runtime, F: KernelFloat> KernelEngine<R, F> {
                 self.act,
             );
         }
-        let total = output.size() as usize;
         let bytes = self
             .client
-            .read_one(output.offset_end((total - used) as u64))
+            .read_one(read_prefix(output, used))
             .map_err(|e| InferError::Unavailable {
                 engine: self.label.clone(),
                 reason: format!("reading the kernel's output failed: {e}"),
@@ -302,6 +382,14 @@ impl<R: Runtime, F: KernelFloat> KernelEngine<R, F> {
         }
         Ok(())
     }
+}
+
+/// The first `bytes` bytes of `handle`'s used range (all of it when shorter): trims the
+/// window's used size, not the base allocation's (see "Reading back a prefix" above).
+fn read_prefix(handle: Handle, bytes: usize) -> Handle {
+    let in_use = handle.size_in_used();
+    let trim = in_use.saturating_sub(bytes as u64);
+    handle.offset_end(trim)
 }
 
 /// `n` rounded up to whole 4-byte words of any kernel float (a multiple of 2 elements).
@@ -339,7 +427,7 @@ impl<R: Runtime, F: KernelFloat> Engine for KernelEngine<R, F> {
     }
 
     fn warm_up(&mut self, _batch_sizes: &[usize]) -> Result<(), InferError> {
-        // Compiled and every bucket's buffer made at build.
+        // Compiled (one kernel for every batch size) and every bucket's buffer made at build.
         Ok(())
     }
 
@@ -378,6 +466,18 @@ mod tests {
             &w.logvar_head.w[..k]
         );
         assert_eq!(&params[params.len() - k..], &w.logvar_head.b[..]);
+    }
+
+    /// `ComputeClient::empty(24)` under a 32-byte alignment is a 24-byte window (offset_end 8)
+    /// of a 32-byte base: a prefix trims from the window, so 24 bytes stay 24, not 16.
+    #[test]
+    fn the_read_back_prefix_trims_the_window_not_the_base_allocation() {
+        let window = Handle::new(cubecl::stream_id::StreamId::current(), 32).offset_end(8);
+        assert_eq!(window.size(), 32);
+        assert_eq!(window.size_in_used(), 24);
+        assert_eq!(read_prefix(window.clone(), 24).size_in_used(), 24);
+        assert_eq!(read_prefix(window.clone(), 16).size_in_used(), 16);
+        assert_eq!(read_prefix(window, 40).size_in_used(), 24);
     }
 
     #[test]

@@ -79,6 +79,7 @@ pub struct GpuEngine<B: Backend> {
     label: String,
     staging: Vec<f32>,
     deviation: Option<GpuDeviation>,
+    fallback: Option<String>,
 }
 
 /// `weights` on `device` as `dtype` tensors (never the device's default dtype).
@@ -126,6 +127,7 @@ impl<B: Backend> GpuEngine<B> {
                 label: label.to_string(),
                 staging: Vec::new(),
                 deviation: None,
+                fallback: None,
             };
             let mut out = HeadOutput::default();
             for &b in &BUCKETS {
@@ -165,6 +167,18 @@ impl<B: Backend> GpuEngine<B> {
     /// The deviation from `fused` measured at build.
     pub fn deviation(&self) -> Option<GpuDeviation> {
         self.deviation
+    }
+
+    /// Records why this engine stands in for the fused kernel ([`engine::kernel_or_module`]);
+    /// the load note says it.
+    pub fn with_fallback_reason(mut self, why: impl Into<String>) -> Self {
+        self.fallback = Some(why.into());
+        self
+    }
+
+    /// Why this engine stands in for the fused kernel, when it does.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
     }
 
     fn measure_deviation(&mut self, weights: &HostWeights) -> Result<GpuDeviation, InferError> {
@@ -261,14 +275,20 @@ impl<B: Backend> Engine for GpuEngine<B> {
 
     fn load_note(&self) -> Option<String> {
         let d = self.deviation?;
-        Some(format!(
+        let mut note = format!(
             "{}: computes in {:?} on the device; max |Δ| from fused on {} seeded rows: mean {:.3e}, log_var {:.3e}",
             self.label,
             self.dtype(),
             d.rows,
             d.max_abs_diff_mean,
             d.max_abs_diff_log_var
-        ))
+        );
+        if let Some(why) = &self.fallback {
+            note.push_str(&format!(
+                "; the Burn module instead of the fused kernel: {why}"
+            ));
+        }
+        Some(note)
     }
 }
 
