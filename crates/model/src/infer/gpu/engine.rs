@@ -226,6 +226,16 @@ pub fn pack_weights(weights: &HostWeights) -> (Vec<f32>, Vec<u32>) {
     (params, dims)
 }
 
+/// The largest deviation from `fused` a kernel computing in `dtype` may show at build, per unit
+/// of output scale (`1 + max |output|`): f32 accumulates in f32 like `fused` (measured ≤ 3e-7
+/// relative), half precision rounds every weight and activation (measured 5e-4).
+pub fn deviation_limit(dtype: DType) -> f32 {
+    match dtype {
+        DType::F32 => 1e-3,
+        _ => 5e-2,
+    }
+}
+
 /// The network as one fused CubeCL kernel launch per call on runtime `R`, computing in `F`.
 pub struct KernelEngine<R: Runtime, F: KernelFloat> {
     client: ComputeClient<R>,
@@ -290,7 +300,22 @@ impl<R: Runtime, F: KernelFloat> KernelEngine<R, F> {
             let mut out = HeadOutput::default();
             let x = vec![0.0f32; engine.arch.n_features];
             engine.forward(&x, 1, &mut out)?;
-            engine.deviation = Some(engine.measure_deviation(weights)?);
+            let (deviation, scale) = engine.measure_deviation(weights)?;
+            engine.deviation = Some(deviation);
+            // A kernel that answers wrongly is not served: the chooser falls back to the Burn
+            // module ([`kernel_or_module`]). On lavapipe, networks of more than 65,536 packed
+            // parameters came back with outputs the launch never wrote, with no error.
+            let limit = deviation_limit(F::DTYPE) * (1.0 + scale);
+            let worst = deviation
+                .max_abs_diff_mean
+                .max(deviation.max_abs_diff_log_var);
+            if !(worst <= limit) {
+                return Err(unavailable(format!(
+                    "its answers on {} seeded rows differ from fused by up to {worst:.3e} (limit {limit:.3e} in {:?})",
+                    deviation.rows,
+                    F::DTYPE
+                )));
+            }
             if let Some(note) = engine.load_note() {
                 tracing::info!(target: "kiln::infer::gpu", "{note}");
             }
@@ -314,18 +339,31 @@ impl<R: Runtime, F: KernelFloat> KernelEngine<R, F> {
         self.deviation
     }
 
-    fn measure_deviation(&mut self, weights: &HostWeights) -> Result<GpuDeviation, InferError> {
+    /// The deviation from `fused` on [`PROBE_ROWS`] seeded rows, and the largest |output| of
+    /// `fused` there (the scale the deviation is judged against).
+    fn measure_deviation(
+        &mut self,
+        weights: &HostWeights,
+    ) -> Result<(GpuDeviation, f32), InferError> {
         let rows = PROBE_ROWS;
         let x = probe_rows(rows, weights.arch.n_features);
         let mut fused = FusedEngine::new(weights, 1)?;
         let (mut a, mut b) = (HeadOutput::default(), HeadOutput::default());
         fused.forward(&x, rows, &mut a)?;
         self.forward(&x, rows, &mut b)?;
-        Ok(GpuDeviation {
-            rows,
-            max_abs_diff_mean: max_abs_diff(&a.mean, &b.mean),
-            max_abs_diff_log_var: max_abs_diff(&a.log_var, &b.log_var),
-        })
+        let scale = a
+            .mean
+            .iter()
+            .chain(&a.log_var)
+            .fold(0.0f32, |m, v| m.max(v.abs()));
+        Ok((
+            GpuDeviation {
+                rows,
+                max_abs_diff_mean: max_abs_diff(&a.mean, &b.mean),
+                max_abs_diff_log_var: max_abs_diff(&a.log_var, &b.log_var),
+            },
+            scale,
+        ))
     }
 
     /// One launch for `rows` (≤ the largest bucket) rows of `x`; appends both heads.
