@@ -467,7 +467,8 @@ fn the_gpu_engines_fall_back_to_the_burn_module_when_the_kernel_cannot_be_built(
 /// kernel is right keeps it. Either way the answers match `fused`.
 #[test]
 fn big_networks_are_served_right_by_the_kernel_or_the_burn_module() {
-    use kiln_core::infer::gpu::{WgpuKernelEngine, wgpu_kernel_or_module};
+    use kiln_core::infer::gpu::WgpuKernelEngine;
+    use kiln_core::infer::gpu::engine::wgpu_kernel_or_module;
     use kiln_core::model::{Activation, RegressionNetConfig};
     let _one = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     let device = wgpu_probe().expect("a Vulkan device (CI installs lavapipe: .ci/wgpu.sh)");
