@@ -7,7 +7,10 @@
 #   3. trains configs/baseball.yaml on the CPU, on the GPU in f32 and in bf16 (concurrently)
 #      and compares the test MSE per target of each GPU run with the CPU run's;
 #   4. `kiln bench infer` on every engine (burn, fused, int8, auto, cuda-f32, cuda-bf16) at
-#      batches 1 / 1,024 / 65,536 on the reference network;
+#      batches 1 / 1,024 / 65,536 on the reference network — the cuda engines are the fused
+#      CubeCL kernel (one launch per call) — then cuda-f32/cuda-bf16 again with
+#      KILN_GPU_ENGINE=burn (the Burn-module engine, for comparison; "(burn module)" in the
+#      speed table);
 #   5. `kiln bench serve` with `--engine cuda-bf16` and `--engine fused` on the baseball model;
 #   6. the PyTorch anchor (benches/pytorch_gpu_anchor.py: the same network, eager and CUDA
 #      graph, f32 and bf16, host -> host p50) when torch imports (PY, default
@@ -126,6 +129,7 @@ for k in ["cuda-f32", "cuda-bf16"]:
                             "rel_diff": (g - v) / v if v else None})
 doc["train"] = {"test_mse": train, "vs_cpu": cmp}
 doc["bench_infer"] = load(os.path.join(work, "bench_infer.jsonl"))
+doc["bench_infer_burn_module"] = load(os.path.join(work, "bench_infer_burn.jsonl"))
 doc["bench_serve"] = {e: load(os.path.join(work, f"bench_serve_{e}.json"))
                       for e in ["cuda-bf16", "fused"]}
 doc["pytorch"] = load(os.path.join(work, "pytorch.json"))
@@ -133,6 +137,9 @@ table = {}
 for r in doc["bench_infer"] or []:
     if isinstance(r, dict) and "engine" in r:
         table.setdefault(str(r["batch"]), {})[f"kiln {r['engine']}"] = r.get("p50_us")
+for r in doc["bench_infer_burn_module"] or []:
+    if isinstance(r, dict) and "engine" in r:
+        table.setdefault(str(r["batch"]), {})[f"kiln {r['engine']} (burn module)"] = r.get("p50_us")
 for r in ((doc["pytorch"] or {}).get("results") or []) if isinstance(doc["pytorch"], dict) else []:
     table.setdefault(str(r["batch"]), {})[f"pytorch {r['mode']} {r['dtype']}"] = r.get("p50_us")
 doc["speed_table"] = {"unit": "p50 us per call, host -> host", "by_batch": table}
@@ -180,7 +187,7 @@ else
 fi
 if [ -n "$preflight_fail" ]; then
     record preflight failed 0 "$preflight_fail"
-    for s in doctor train_cpu train_cuda_f32 train_cuda_bf16 bench_infer bench_serve_cuda-bf16 bench_serve_fused pytorch; do
+    for s in doctor train_cpu train_cuda_f32 train_cuda_bf16 bench_infer bench_infer_burn bench_serve_cuda-bf16 bench_serve_fused pytorch; do
         record "$s" skipped 0 "preflight failed"
     done
     finish
@@ -205,6 +212,10 @@ wait
 # 4. Inference speed, every engine, the reference network.
 run_step bench_infer 150 "$work/bench_infer.jsonl" "$KILN" bench infer --reference \
     --engine burn,fused,int8,auto,cuda-f32,cuda-bf16 --batch 1,1024,65536 \
+    --min-time 0.3 --iters 50 --rounds 2 --json
+# The same GPU engines as the Burn module (the engine before the fused kernel), for comparison.
+run_step bench_infer_burn 90 "$work/bench_infer_burn.jsonl" env KILN_GPU_ENGINE=burn "$KILN" \
+    bench infer --reference --engine cuda-f32,cuda-bf16 --batch 1,1024,65536 \
     --min-time 0.3 --iters 50 --rounds 2 --json
 
 # 5. The serving path with the GPU engine and with fused, on the baseball model.

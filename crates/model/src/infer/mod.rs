@@ -11,11 +11,12 @@
 //! | `int8` | [`Int8Engine`]: int8 weights per channel, int8 activations per row, i32 dot products (AVX-512 VNNI) | `int8::INT8_ABS_TOL` + `int8::INT8_REL_TOL` × abs(y) |
 //! | `auto` (default) | [`AutoEngine`]: the fastest *exact* engine: `fused` on this CPU's best instruction set; a row's bits never depend on the batch | that of `fused` (bit for bit) |
 //! | `auto-int8` | [`AutoEngine::with_int8`]: per batch-size bucket, the fastest of `fused` and `int8` (when int8's bound holds for the checkpoint), timed at load | that of the chosen engine (bit for bit) |
-//! | `cuda-bf16`, `cuda-f32` | `gpu::GpuEngine` (feature `cuda`): Burn's CUDA backend with an explicit dtype (bf16 / f32), every batch bucket warmed up at build, its max deviation from `fused` measured at load | ≤ 1e-2 relative |
+//! | `cuda-bf16`, `cuda-f32` | `gpu::engine::KernelEngine` (feature `cuda`): the whole network as one fused CubeCL kernel launch per call, weights resident, bf16 / f32 with f32 accumulation; `gpu::GpuEngine` (the Burn module on Burn's CUDA backend, explicit dtype) for networks wider than the kernel takes, when the kernel cannot be built on the device, or with `KILN_GPU_ENGINE=burn`; the kernel compiled (the Burn module: every batch bucket warmed up) at build, the max deviation from `fused` measured at load | ≤ 1e-2 relative |
 //!
-//! With the `wgpu` feature, `gpu::GpuEngine` also runs on Burn's wgpu backend (any Vulkan
-//! device; Mesa's software lavapipe in CI) in f32 and f16: the tests of the GPU path without a
-//! GPU (`crates/core/tests/wgpu.rs`). It is not a named engine.
+//! With the `wgpu` feature, both `gpu::engine::KernelEngine` and `gpu::GpuEngine` also run on
+//! Burn's wgpu backend (any Vulkan device; Mesa's software lavapipe in CI) in f32 and f16: the
+//! tests of the GPU path without a GPU (`crates/core/tests/wgpu.rs`). They are not named
+//! engines.
 //!
 //! Build one by name with [`build_engine`]; [`reference_weights`] gives the benchmarks'
 //! reference network.
@@ -208,8 +209,11 @@ pub fn cpu_engine_names() -> Vec<&'static str> {
 /// * `auto-int8`: [`AutoEngine::with_int8`], per batch-size bucket the fastest of the above
 ///   compiled engines whose accuracy bound holds for `weights` (int8 included), timed at
 ///   build and again at `warm_up`;
-/// * `cuda-bf16`, `cuda-f32` (feature `cuda`): Burn's CUDA backend, warmed up at build for
-///   every batch bucket; [`InferError::Unavailable`] without a usable GPU.
+/// * `cuda-bf16`, `cuda-f32` (feature `cuda`): one fused CubeCL kernel launch per call
+///   (`gpu::engine::KernelEngine`), or the Burn module on Burn's CUDA backend for networks
+///   wider than the kernel takes, when the kernel cannot be built on the device, or with
+///   `KILN_GPU_ENGINE=burn`; compiled (the Burn module: warmed up for every batch bucket) at
+///   build; [`InferError::Unavailable`] without a usable GPU.
 pub fn build_engine(
     kind: EngineKind,
     weights: &HostWeights,
@@ -232,17 +236,14 @@ pub fn build_engine(
         K::Auto => Ok(Box::new(AutoEngine::new(weights, threads)?)),
         K::AutoInt8 => Ok(Box::new(AutoEngine::with_int8(weights, threads)?)),
         #[cfg(feature = "cuda")]
-        K::CudaBf16 => Ok(Box::new(cuda::cuda_engine::<crate::backend::CudaBf16>(
+        K::CudaBf16 => cuda::cuda_engine_for::<crate::backend::CudaBf16, burn::tensor::bf16>(
             weights,
             K::CudaBf16.name(),
-            burn::tensor::DType::BF16,
-        )?)),
+        ),
         #[cfg(feature = "cuda")]
-        K::CudaF32 => Ok(Box::new(cuda::cuda_engine::<crate::backend::CudaF32>(
-            weights,
-            K::CudaF32.name(),
-            burn::tensor::DType::F32,
-        )?)),
+        K::CudaF32 => {
+            cuda::cuda_engine_for::<crate::backend::CudaF32, f32>(weights, K::CudaF32.name())
+        }
         #[cfg(not(feature = "cuda"))]
         K::CudaBf16 | K::CudaF32 => Err(InferError::Unavailable {
             engine: kind.name().to_string(),

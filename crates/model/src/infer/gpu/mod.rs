@@ -24,6 +24,15 @@
 //! ([`GpuDeviation`]); [`Engine::load_note`] reports it, and `kiln bench`/`kiln serve` print it
 //! at load, as `int8`'s accuracy change is.
 
+pub mod engine;
+// The `#[cube(launch)]` macro generates undocumented public items (the launch module).
+#[allow(missing_docs)]
+pub mod kernel;
+
+#[cfg(feature = "wgpu")]
+pub use engine::WgpuKernelEngine;
+pub use engine::{KernelEngine, KernelFloat};
+
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
@@ -70,6 +79,7 @@ pub struct GpuEngine<B: Backend> {
     label: String,
     staging: Vec<f32>,
     deviation: Option<GpuDeviation>,
+    fallback: Option<String>,
 }
 
 /// `weights` on `device` as `dtype` tensors (never the device's default dtype).
@@ -117,6 +127,7 @@ impl<B: Backend> GpuEngine<B> {
                 label: label.to_string(),
                 staging: Vec::new(),
                 deviation: None,
+                fallback: None,
             };
             let mut out = HeadOutput::default();
             for &b in &BUCKETS {
@@ -156,6 +167,18 @@ impl<B: Backend> GpuEngine<B> {
     /// The deviation from `fused` measured at build.
     pub fn deviation(&self) -> Option<GpuDeviation> {
         self.deviation
+    }
+
+    /// Records why this engine stands in for the fused kernel ([`engine::kernel_or_module`]);
+    /// the load note says it.
+    pub fn with_fallback_reason(mut self, why: impl Into<String>) -> Self {
+        self.fallback = Some(why.into());
+        self
+    }
+
+    /// Why this engine stands in for the fused kernel, when it does.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
     }
 
     fn measure_deviation(&mut self, weights: &HostWeights) -> Result<GpuDeviation, InferError> {
@@ -252,14 +275,20 @@ impl<B: Backend> Engine for GpuEngine<B> {
 
     fn load_note(&self) -> Option<String> {
         let d = self.deviation?;
-        Some(format!(
+        let mut note = format!(
             "{}: computes in {:?} on the device; max |Δ| from fused on {} seeded rows: mean {:.3e}, log_var {:.3e}",
             self.label,
             self.dtype(),
             d.rows,
             d.max_abs_diff_mean,
             d.max_abs_diff_log_var
-        ))
+        );
+        if let Some(why) = &self.fallback {
+            note.push_str(&format!(
+                "; the Burn module instead of the fused kernel: {why}"
+            ));
+        }
+        Some(note)
     }
 }
 
