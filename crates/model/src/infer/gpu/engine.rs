@@ -306,10 +306,14 @@ impl<R: Runtime, F: KernelFloat> KernelEngine<R, F> {
             // module ([`kernel_or_module`]). On lavapipe, networks of more than 65,536 packed
             // parameters came back with outputs the launch never wrote, with no error.
             let limit = deviation_limit(F::DTYPE) * (1.0 + scale);
-            let worst = deviation
-                .max_abs_diff_mean
-                .max(deviation.max_abs_diff_log_var);
-            if !(worst <= limit) {
+            let (m, v) = (deviation.max_abs_diff_mean, deviation.max_abs_diff_log_var);
+            let worst = if m.is_nan() || v.is_nan() {
+                f32::NAN
+            } else {
+                m.max(v)
+            };
+            // NaN is past any limit.
+            if worst.is_nan() || worst > limit {
                 return Err(unavailable(format!(
                     "its answers on {} seeded rows differ from fused by up to {worst:.3e} (limit {limit:.3e} in {:?})",
                     deviation.rows,

@@ -235,7 +235,15 @@ pub fn probe_rows(rows: usize, n_features: usize) -> Vec<f32> {
 
 /// The largest |a − b| (0 for empty slices).
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+    // NaN propagates (`f32::max` would drop it): a NaN answer is the worst deviation.
+    a.iter().zip(b).fold(0f32, |m, (x, y)| {
+        let d = (x - y).abs();
+        if m.is_nan() || d.is_nan() {
+            f32::NAN
+        } else {
+            m.max(d)
+        }
+    })
 }
 
 impl<B: Backend> Engine for GpuEngine<B> {
@@ -295,6 +303,13 @@ impl<B: Backend> Engine for GpuEngine<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nan_answer_is_the_worst_deviation() {
+        assert_eq!(max_abs_diff(&[1.0, 2.0], &[1.5, 2.0]), 0.5);
+        assert!(max_abs_diff(&[1.0, 2.0], &[f32::NAN, 2.0]).is_nan());
+        assert!(max_abs_diff(&[1.0, 2.0], &[1.0, f32::NAN]).is_nan());
+    }
 
     #[test]
     fn buckets_cover_every_size() {
