@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use kiln::serve::metrics::sample;
 use serde_json::{Value, json};
 
-use crate::common::{client, copy_dir, kiln, serve, serve_config, stderr, stdout};
+use crate::common::{bytes_elements, client, copy_dir, kiln, serve, serve_config, stderr, stdout};
 
 const STORES: [&str; 3] = ["north", "south", "east"];
 const WEATHER: [&str; 3] = ["Rain", "Sun", "Snow"];
@@ -126,16 +126,6 @@ fn predict_missing_refuse_keeps_the_old_refusal_and_the_default_records_the_fall
     );
 }
 
-/// BYTES elements in the binary form: a 4-byte little-endian length, then the bytes.
-fn bytes_elements(v: &[&str]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for s in v {
-        out.extend((s.len() as u32).to_le_bytes());
-        out.extend(s.as_bytes());
-    }
-    out
-}
-
 fn outputs(v: &Value) -> Vec<f32> {
     v["outputs"]
         .as_array()
@@ -188,15 +178,7 @@ async fn unseen_categories_and_missing_cells_are_imputed_named_and_counted_apart
     }
     std::fs::write(&input, text).unwrap();
     let out = tmp.path().join("pred.csv");
-    let o = kiln(&[
-        "predict",
-        "--checkpoint",
-        &ckpt,
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    let o = crate::common::predict(&ckpt, &input, &out);
     assert!(o.status.success(), "{}", stderr(&o));
     let notes: Vec<String> = stderr(&o)
         .lines()
@@ -232,31 +214,18 @@ async fn unseen_categories_and_missing_cells_are_imputed_named_and_counted_apart
     let stores = ["harbour", "north", "", "north"];
     let weather = ["rain", "RAIN", "hail", "Rain"];
     let prices = [f32::NAN, 2.5, 3.0, 2.5];
-    let (sb, wb) = (bytes_elements(&stores), bytes_elements(&weather));
     let pb: Vec<u8> = prices.iter().flat_map(|v| v.to_le_bytes()).collect();
     let n = stores.len();
-    let header = json!({"inputs": [
-        {"name": "store", "datatype": "BYTES", "shape": [n], "parameters": {"binary_data_size": sb.len()}},
-        {"name": "weather", "datatype": "BYTES", "shape": [n], "parameters": {"binary_data_size": wb.len()}},
-        {"name": "price", "datatype": "FP32", "shape": [n], "parameters": {"binary_data_size": pb.len()}},
-    ], "parameters": {"binary_data_output": false}})
-    .to_string();
-    let mut body = header.clone().into_bytes();
-    body.extend(&sb);
-    body.extend(&wb);
-    body.extend(&pb);
-    let r = c
-        .request(
-            "POST",
-            "/v2/models/cells/infer",
-            &[
-                ("Content-Type", "application/octet-stream"),
-                ("Inference-Header-Content-Length", &header.len().to_string()),
-            ],
-            &body,
-        )
-        .await
-        .unwrap();
+    let r = crate::common::infer_binary(
+        &mut c,
+        "cells",
+        &[
+            ("store", "BYTES", n, bytes_elements(&stores)),
+            ("weather", "BYTES", n, bytes_elements(&weather)),
+            ("price", "FP32", n, pb),
+        ],
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let served = outputs(&r.json());
     assert_eq!(served[0], pred[9], "serve imputes like kiln predict");

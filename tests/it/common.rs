@@ -434,3 +434,59 @@ export:
         export.display()
     )
 }
+
+/// `kiln predict --checkpoint CKPT --input INPUT --output OUTPUT`, in the repository root.
+pub fn predict(ckpt: &str, input: &Path, output: &Path) -> Output {
+    kiln(&[
+        "predict",
+        "--checkpoint",
+        ckpt,
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ])
+}
+
+/// BYTES elements in the binary form: a 4-byte little-endian length, then the bytes.
+pub fn bytes_elements(v: &[&str]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for s in v {
+        out.extend((s.len() as u32).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    out
+}
+
+/// POST a KServe v2 request in the binary form to `/v2/models/<model>/infer`: each input as
+/// (name, datatype, elements, raw bytes), JSON outputs asked for.
+pub async fn infer_binary(
+    c: &mut kiln::loadgen::client::HttpClient,
+    model: &str,
+    inputs: &[(&str, &str, usize, Vec<u8>)],
+) -> kiln::loadgen::client::HttpResponse {
+    let specs: Vec<serde_json::Value> = inputs
+        .iter()
+        .map(|(name, dt, n, bytes)| {
+            serde_json::json!({"name": name, "datatype": dt, "shape": [n],
+                "parameters": {"binary_data_size": bytes.len()}})
+        })
+        .collect();
+    let header = serde_json::json!({"inputs": specs, "parameters": {"binary_data_output": false}})
+        .to_string();
+    let mut body = header.clone().into_bytes();
+    for (_, _, _, bytes) in inputs {
+        body.extend(bytes);
+    }
+    c.request(
+        "POST",
+        &format!("/v2/models/{model}/infer"),
+        &[
+            ("Content-Type", "application/octet-stream"),
+            ("Inference-Header-Content-Length", &header.len().to_string()),
+        ],
+        &body,
+    )
+    .await
+    .unwrap()
+}

@@ -187,15 +187,7 @@ fn missing_values_are_imputed_in_training_and_in_predict() {
     )
     .unwrap();
     let out = tmp.path().join("pred.csv");
-    let o = kiln(&[
-        "predict",
-        "--checkpoint",
-        &ckpt,
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    let o = crate::common::predict(&ckpt, &input, &out);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&out).unwrap();
     let rows: Vec<Vec<f64>> = text

@@ -113,19 +113,7 @@ async fn date_parts_are_features_read_alike_by_train_predict_and_serve() {
     )
     .unwrap();
     let out = tmp.path().join("pred.csv");
-    let args = |input: &Path| {
-        vec![
-            "predict".to_string(),
-            "--checkpoint".into(),
-            ckpt.clone(),
-            "--input".into(),
-            input.display().to_string(),
-            "--output".into(),
-            out.display().to_string(),
-        ]
-    };
-    let a = args(&input);
-    let o = kiln(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = crate::common::predict(&ckpt, &input, &out);
     assert!(o.status.success(), "{}", stderr(&o));
     let pred: Vec<f32> = std::fs::read_to_string(&out)
         .unwrap()
@@ -138,8 +126,7 @@ async fn date_parts_are_features_read_alike_by_train_predict_and_serve() {
     assert!(pred.iter().all(|p| p.is_finite()));
     let bad = tmp.path().join("bad.csv");
     std::fs::write(&bad, "id,x,day\na,0.5,2023-02-30\n").unwrap();
-    let a = args(&bad);
-    let o = kiln(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = crate::common::predict(&ckpt, &bad, &out);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("bad.csv:2")

@@ -13,7 +13,7 @@ use kiln::serve::grpc::proto::grpc_inference_service_client::GrpcInferenceServic
 use kiln::serve::grpc::proto::{self as pb, model_infer_request as mir};
 use serde_json::{Value, json};
 
-use crate::common::{copy_dir, kiln, root, serve};
+use crate::common::{bytes_elements, copy_dir, kiln, root, serve};
 use crate::common::{stderr, stdout};
 
 const STORES: [&str; 5] = ["north", "south", "east", "west", "depot"];
@@ -158,16 +158,6 @@ fn json_request() -> Value {
         {"name": "kind", "datatype": "BYTES", "shape": [n, 1], "data": QUERY.iter().map(|q| q.1).collect::<Vec<_>>()},
         {"name": "price", "datatype": "FP32", "shape": [n], "data": price},
     ]})
-}
-
-/// BYTES elements in the binary form: a 4-byte little-endian length, then the bytes.
-fn bytes_elements(v: &[&str]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for s in v {
-        out.extend((s.len() as u32).to_le_bytes());
-        out.extend(s.as_bytes());
-    }
-    out
 }
 
 /// The prices with NaN for the missing one.
@@ -363,28 +353,16 @@ async fn a_table_with_categories_trains_predicts_serves_raw_columns_and_exports(
     );
     let pb_: Vec<u8> = prices().iter().flat_map(|v| v.to_le_bytes()).collect();
     let n = QUERY.len();
-    let header = json!({"inputs": [
-        {"name": "store", "datatype": "BYTES", "shape": [n], "parameters": {"binary_data_size": sb.len()}},
-        {"name": "kind", "datatype": "BYTES", "shape": [n], "parameters": {"binary_data_size": kb.len()}},
-        {"name": "price", "datatype": "FP32", "shape": [n], "parameters": {"binary_data_size": pb_.len()}},
-    ], "parameters": {"binary_data_output": false}})
-    .to_string();
-    let mut body = header.clone().into_bytes();
-    body.extend(&sb);
-    body.extend(&kb);
-    body.extend(&pb_);
-    let r = c
-        .request(
-            "POST",
-            "/v2/models/shop/infer",
-            &[
-                ("Content-Type", "application/octet-stream"),
-                ("Inference-Header-Content-Length", &header.len().to_string()),
-            ],
-            &body,
-        )
-        .await
-        .unwrap();
+    let r = crate::common::infer_binary(
+        &mut c,
+        "shop",
+        &[
+            ("store", "BYTES", n, sb.clone()),
+            ("kind", "BYTES", n, kb.clone()),
+            ("price", "FP32", n, pb_.clone()),
+        ],
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         json_outputs(&r.json()),

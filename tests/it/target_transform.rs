@@ -114,15 +114,7 @@ fn a_log_target_predicts_in_original_units_inside_its_support() {
     q.push_str("-6,-6\n6,6\n");
     std::fs::write(&input, q).unwrap();
     let out = tmp.path().join("pred.csv");
-    let o = kiln(&[
-        "predict",
-        "--checkpoint",
-        &ckpt,
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    let o = crate::common::predict(&ckpt, &input, &out);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&out).unwrap();
     let mut lines = text.lines();
