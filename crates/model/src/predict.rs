@@ -93,24 +93,33 @@ impl Predictor {
                 .forward(&self.scratch_x, rows, &mut self.scratch_out)?;
         }
         let _s = crate::prof_span!("denormalize").entered();
-        let k = self.targets.len();
         out.mean.clear();
         out.std.clear();
-        for (i, (&m, &lv)) in self
-            .scratch_out
-            .mean
-            .iter()
-            .zip(&self.scratch_out.log_var)
-            .enumerate()
-        {
-            let t = &self.targets[i % k];
-            let mu = m as f64 * t.std + t.mean;
-            let sd = (0.5 * lv as f64).exp() * t.std;
+        for (t, mu, sd) in self.modelled() {
             let (mean, std) = t.transform.moments(mu, sd);
             out.mean.push(mean as f32);
             out.std.push(std as f32);
         }
         Ok(())
+    }
+
+    /// Every output of the last forward pass in the space the network models (the target's
+    /// transformed space): its target, μ and σ, row-major.
+    fn modelled(&self) -> impl Iterator<Item = (&ColumnStats, f64, f64)> + '_ {
+        let k = self.targets.len();
+        self.scratch_out
+            .mean
+            .iter()
+            .zip(&self.scratch_out.log_var)
+            .enumerate()
+            .map(move |(i, (&m, &lv))| {
+                let t = &self.targets[i % k];
+                (
+                    t,
+                    m as f64 * t.std + t.mean,
+                    (0.5 * lv as f64).exp() * t.std,
+                )
+            })
     }
 
     /// Whether any target is modelled through a transform (its intervals are then
@@ -124,19 +133,10 @@ impl Predictor {
     /// through the target's inverse transform, so a transformed target's interval respects
     /// its support.
     pub fn quantiles_into(&self, p: f64, out: &mut Vec<f32>) {
-        let k = self.targets.len();
         out.clear();
-        for (i, (&m, &lv)) in self
-            .scratch_out
-            .mean
-            .iter()
-            .zip(&self.scratch_out.log_var)
-            .enumerate()
-        {
-            let t = &self.targets[i % k];
-            let mu = m as f64 * t.std + t.mean;
-            let sd = (0.5 * lv as f64).exp() * t.std;
-            out.push(t.transform.quantile(mu, sd, p) as f32);
-        }
+        out.extend(
+            self.modelled()
+                .map(|(t, mu, sd)| t.transform.quantile(mu, sd, p) as f32),
+        );
     }
 }
