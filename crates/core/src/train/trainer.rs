@@ -1,6 +1,8 @@
 //! The training entry points: [`train`] on any autodiff backend, [`train_job_cpu`] and [`train_cpu`] on the default
 //! CPU backend in a fresh run directory.
 
+use std::path::Path;
+
 use burn::tensor::backend::AutodiffBackend;
 
 use super::evaluate::EvalReport;
@@ -54,17 +56,7 @@ fn train_with_seed_spread<B: AutodiffBackend>(
     for i in 1..cfg.seed_spread {
         let seed = cfg.seed.wrapping_add(i as u64);
         let path = job.run.path.join("seeds").join(format!("seed-{seed}"));
-        let resume = path.join("config.yaml").is_file();
-        let run = if resume {
-            RunDir::open(&path).map_err(io_err(&path))?
-        } else {
-            std::fs::create_dir_all(&path).map_err(io_err(&path))?;
-            crate::util::write_atomic(&path.join("config.yaml"), job.config.text.as_bytes())?;
-            RunDir {
-                id: format!("{}-seed-{seed}", job.run.id),
-                path: path.clone(),
-            }
-        };
+        let (run, resume) = inner_run(job, &path, &format!("seed-{seed}"))?;
         // Recorded absolute: the manifest is read from anywhere.
         let shown = std::path::absolute(&path)
             .unwrap_or_else(|_| path.clone())
@@ -163,6 +155,24 @@ enum Selection<B: AutodiffBackend> {
     Interrupted(Box<Trained<B>>),
 }
 
+/// A pass's own run directory `path` inside the run (`<run>/selection`, `<run>/seeds/seed-<s>`),
+/// id `<run id>-<name>`: opened when an earlier process began it (its `config.yaml` is there),
+/// else created with the run's config. Returns it and whether it resumes.
+fn inner_run(job: &TrainJob<'_>, path: &Path, name: &str) -> Result<(RunDir, bool), TrainError> {
+    if path.join("config.yaml").is_file() {
+        return Ok((RunDir::open(path).map_err(io_err(path))?, true));
+    }
+    std::fs::create_dir_all(path).map_err(io_err(path))?;
+    crate::util::write_atomic(&path.join("config.yaml"), job.config.text.as_bytes())?;
+    Ok((
+        RunDir {
+            id: format!("{}-{name}", job.run.id),
+            path: path.to_path_buf(),
+        },
+        false,
+    ))
+}
+
 /// The selection pass of a refit run: an ordinary run of the same config in
 /// `<run>/selection/`, resumed when the run is; a finished one (its export is sealed) is not
 /// run again.
@@ -172,17 +182,7 @@ fn selection<B: AutodiffBackend>(
     device: &B::Device,
 ) -> Result<Selection<B>, TrainError> {
     let sel_path = job.run.path.join("selection");
-    let resume_sel = sel_path.join("config.yaml").is_file();
-    let sel_run = if resume_sel {
-        RunDir::open(&sel_path).map_err(io_err(&sel_path))?
-    } else {
-        std::fs::create_dir_all(&sel_path).map_err(io_err(&sel_path))?;
-        crate::util::write_atomic(&sel_path.join("config.yaml"), job.config.text.as_bytes())?;
-        RunDir {
-            id: format!("{}-selection", job.run.id),
-            path: sel_path.clone(),
-        }
-    };
+    let (sel_run, resume_sel) = inner_run(job, &sel_path, "selection")?;
     if resume_sel && let Ok(c) = crate::artifact::Checkpoint::load(&sel_run.export_dir()) {
         let m = c.manifest.metrics;
         return Ok(Selection::Done {
