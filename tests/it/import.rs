@@ -95,6 +95,7 @@ fn burn_reference(sd: &BTreeMap<String, HostTensor>) -> RegressionNet<Cpu> {
         mean_head: linear("mean_head"),
         logvar_head: linear("logvar_head"),
         activation: Activation::Gelu,
+        members: 1,
     }
 }
 

@@ -186,12 +186,18 @@ fn linear_to_host<B: Backend>(l: &burn::nn::Linear<B>) -> HostLinear {
 }
 
 impl HostWeights {
-    /// Copy a network's weights to the host.
+    /// Copy a network's weights to the host; a packed ensemble's as the plain network that
+    /// serves it (see [`RegressionNet::folded`]).
     pub fn from_model<B: Backend>(model: &RegressionNet<B>) -> Self {
+        let mut mean_head = linear_to_host(&model.mean_head);
+        if model.members > 1 {
+            let scale = (1.0 / model.members as f64) as f32;
+            mean_head.w.iter_mut().for_each(|w| *w *= scale);
+        }
         Self {
             arch: model.architecture(),
             backbone: model.backbone.iter().map(linear_to_host).collect(),
-            mean_head: linear_to_host(&model.mean_head),
+            mean_head,
             logvar_head: linear_to_host(&model.logvar_head),
         }
     }
@@ -205,6 +211,7 @@ impl HostWeights {
             mean_head: mk(&self.mean_head),
             logvar_head: mk(&self.logvar_head),
             activation: self.arch.activation,
+            members: 1,
         }
     }
 

@@ -742,6 +742,16 @@ pub struct ModelConfig {
     /// Activation after each hidden layer.
     #[serde(default)]
     pub activation: Activation,
+    /// Independent networks of this shape trained at once, packed side by side into one
+    /// network (1: a single network). Each member learns from its own error; the served mean
+    /// is the members' mean and the served variance comes from one head over all members'
+    /// features. The exported network is one plain network `ensemble` times as wide.
+    #[serde(default = "one_member")]
+    pub ensemble: usize,
+}
+
+fn one_member() -> usize {
+    1
 }
 
 fn default_hidden() -> Vec<usize> {
@@ -753,6 +763,7 @@ impl Default for ModelConfig {
         Self {
             hidden: default_hidden(),
             activation: Activation::default(),
+            ensemble: one_member(),
         }
     }
 }

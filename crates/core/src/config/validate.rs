@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use super::ConfigError;
 use super::schema::*;
 
+/// The most members `model.ensemble` packs.
+const MAX_MEMBERS: usize = 16;
+
 /// The most seeds `seed_spread` may train.
 pub const MAX_SEED_SPREAD: usize = 32;
 
@@ -456,7 +459,7 @@ impl ExperimentConfig {
         Ok(())
     }
 
-    /// Check `model`: widths.
+    /// Check `model`: widths, members.
     fn validate_model(&self, bad: Bad<'_>) -> Result<(), ConfigError> {
         if self.model.hidden.is_empty() {
             return bad(
@@ -464,13 +467,34 @@ impl ExperimentConfig {
                 "expected at least one hidden layer width".into(),
             );
         }
+        let members = self.model.ensemble;
+        if !(1..=MAX_MEMBERS).contains(&members) {
+            return bad(
+                "model.ensemble".into(),
+                format!("expected 1 to {MAX_MEMBERS} members, got {members}"),
+            );
+        }
         for (i, &w) in self.model.hidden.iter().enumerate() {
-            if w == 0 || w > 65_536 {
+            if w == 0 || w * members > 65_536 {
+                let most = 65_536 / members;
+                let why = match members {
+                    1 => String::new(),
+                    m => format!(" ({m} ensemble members side by side)"),
+                };
                 return bad(
                     format!("model.hidden[{i}]"),
-                    format!("expected a width in 1..=65536, got {w}"),
+                    format!("expected a width in 1..={most}{why}, got {w}"),
                 );
             }
+        }
+        if members > 1 && self.distill.is_some() {
+            return bad(
+                "model.ensemble".into(),
+                format!(
+                    "a distilled student is one network: drop `ensemble: {members}` or \
+                     `distill`"
+                ),
+            );
         }
         Ok(())
     }

@@ -55,7 +55,13 @@ impl Prepared {
         }
         let arch = RegressionNetConfig {
             n_features: data.n_features(),
-            hidden: cfg.model.hidden.clone(),
+            // A packed ensemble is one network `ensemble` times as wide.
+            hidden: cfg
+                .model
+                .hidden
+                .iter()
+                .map(|w| w * cfg.model.ensemble)
+                .collect(),
             n_targets: data.n_targets(),
             activation: cfg.model.activation,
         };

@@ -104,7 +104,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         let reporter = Reporter::new(job.progress);
         let prep = Prepared::from_dataset(cfg, data.clone())?;
         let (x_aff, y_aff) = (Affine::new(&prep.x_stats), Affine::new(&prep.y_stats));
-        describe(&reporter, &prep);
+        describe(&reporter, &prep, cfg.model.ensemble);
         let loader = loader(job, &prep, &x_aff, &y_aff, &reporter)?;
         let restored = restore::<B>(job, &prep, device, &reporter)?;
         let logs = RunLogs::open(&job.run, &restored.progress)?;
@@ -356,7 +356,7 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             reporter: &self.reporter,
         };
         let stages = summarise(&self.job.config.config, &self.progress.history);
-        let evaluation = finish::evaluate(&end, self.trainee.model().valid(), stages)?;
+        let evaluation = finish::evaluate(&end, self.trainee.model().valid().folded(), stages)?;
         let mut trained = finish::seal(&end, evaluation, verdict, &self.progress.config_sha256)?;
         trained.outcome.wall = self.instruments.wall();
         Ok(trained)
@@ -364,12 +364,19 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
 }
 
 /// The run's first lines: the network and the data.
-fn describe(reporter: &Reporter, prep: &Prepared) {
+fn describe(reporter: &Reporter, prep: &Prepared, members: usize) {
     let (arch, data) = (&prep.arch, &prep.data);
+    let hidden = match members {
+        1 => format!("{:?}", arch.hidden),
+        m => format!(
+            "{m} × {:?} packed as {:?}",
+            arch.hidden.iter().map(|w| w / m).collect::<Vec<_>>(),
+            arch.hidden
+        ),
+    };
     reporter.line(&format!(
-        "RegressionNet {} → {:?} → 2×{} ({}): {} parameters; {} train / {} validation / {} test rows",
+        "RegressionNet {} → {hidden} → 2×{} ({}): {} parameters; {} train / {} validation / {} test rows",
         arch.n_features,
-        arch.hidden,
         arch.n_targets,
         arch.activation.name(),
         arch.num_params(),
@@ -447,7 +454,7 @@ fn restore<B: AutodiffBackend>(
     let (cfg, run, data) = (&job.config.config, &job.run, &prep.data);
     let config_sha = sha256_hex(job.config.text.as_bytes());
     let fresh = Restored {
-        model: prep.arch.init(cfg.seed, device),
+        model: prep.arch.init_members(cfg.seed, cfg.model.ensemble, device),
         best: None,
         pending_optim: None,
         progress: Progress {

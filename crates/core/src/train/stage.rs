@@ -76,21 +76,58 @@ pub fn weighted_mean<B: Backend>(l: Tensor<B, 2>, w: Option<&Tensor<B, 2>>) -> T
 /// leaves that head's forward out).
 #[derive(Debug, Clone)]
 pub struct StepOutput<B: Backend> {
-    /// Predicted means, `[batch, k]`.
+    /// Predicted means, `[batch, k]` (a packed ensemble's: the members' mean).
     pub mean: Tensor<B, 2>,
     /// Predicted log-variances, `[batch, k]`, when computed.
     pub log_var: Option<Tensor<B, 2>>,
+    /// A packed ensemble's members' means, `[members, batch, k]`: the loss fits each member
+    /// on its own error.
+    pub members: Option<Tensor<B, 3>>,
 }
 
 impl<B: Backend> StepOutput<B> {
     /// The step's forward pass on `model` for a stage with loss `loss`.
     pub fn forward(model: &RegressionNet<B>, loss: Loss, x: Tensor<B, 2>) -> Self {
+        if model.members > 1 {
+            let o = model.forward_members(x, loss.reads_log_var());
+            return Self {
+                mean: o.mean,
+                log_var: o.log_var,
+                members: Some(o.members),
+            };
+        }
         if loss.reads_log_var() {
             model.forward(x).into()
         } else {
             Self {
                 mean: model.forward_mean(x),
                 log_var: None,
+                members: None,
+            }
+        }
+    }
+
+    /// The squared error of the means against `y` (`[batch, k]`), per element; a packed
+    /// ensemble's is the members' mean squared error (each member fitted on its own error,
+    /// not the ensemble on the mean's). `detach`: no gradient reaches the means.
+    fn squared_error(
+        mean: Tensor<B, 2>,
+        members: Option<Tensor<B, 3>>,
+        y: Tensor<B, 2>,
+        detach: bool,
+    ) -> Tensor<B, 2> {
+        match members {
+            None => {
+                let mean = if detach { mean.detach() } else { mean };
+                (mean - y).powi_scalar(2)
+            }
+            Some(m) => {
+                let m = if detach { m.detach() } else { m };
+                let [_, rows, k] = m.dims();
+                (m - y.unsqueeze_dim(0))
+                    .powi_scalar(2)
+                    .mean_dim(0)
+                    .reshape([rows, k])
             }
         }
     }
@@ -101,6 +138,7 @@ impl<B: Backend> From<RegressionOutput<B>> for StepOutput<B> {
         Self {
             mean: o.mean,
             log_var: Some(o.log_var),
+            members: None,
         }
     }
 }
@@ -116,15 +154,22 @@ pub fn stage_loss<B: Backend>(
     y: Tensor<B, 2>,
     w: Option<Tensor<B, 2>>,
 ) -> Tensor<B, 1> {
+    let StepOutput {
+        mean,
+        log_var,
+        members,
+    } = out;
     match loss {
-        Loss::Mse | Loss::DistillMse => weighted_mean((out.mean - y).powi_scalar(2), w.as_ref()),
+        Loss::Mse | Loss::DistillMse => weighted_mean(
+            StepOutput::squared_error(mean, members, y, false),
+            w.as_ref(),
+        ),
         Loss::GaussianNll | Loss::DistillNll => {
-            let StepOutput { mean, log_var } = out;
-            let mean = if mean_trainable { mean } else { mean.detach() };
+            let sq = StepOutput::squared_error(mean, members, y, !mean_trainable);
             let lv =
                 log_var.expect("a loss that reads the log-variance head gets its forward pass");
             weighted_mean(
-                (lv.clone() + (y - mean).powi_scalar(2) * lv.neg().exp()).mul_scalar(0.5),
+                (lv.clone() + sq * lv.neg().exp()).mul_scalar(0.5),
                 w.as_ref(),
             )
         }

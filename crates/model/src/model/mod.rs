@@ -6,4 +6,6 @@ pub use kiln_mvn as mvn;
 pub mod fused_linear;
 pub mod regression;
 
-pub use regression::{Activation, RegressionNet, RegressionNetConfig, RegressionOutput};
+pub use regression::{
+    Activation, MemberOutput, RegressionNet, RegressionNetConfig, RegressionOutput,
+};

@@ -130,6 +130,84 @@ impl RegressionNetConfig {
             mean_head,
             logvar_head,
             activation: self.activation,
+            members: 1,
+        }
+    }
+
+    /// Build a packed ensemble of `members` independent networks on `device`, weights drawn
+    /// from `seed`. `self` is the packed architecture: every hidden width is `members` times a
+    /// member's width (see [`RegressionNet::members`] for the layout). One member is
+    /// [`Self::init`], bit for bit.
+    ///
+    /// Each member's layers get `nn.Linear`'s default for the member's own fan-in; the weights
+    /// between members are zero (and stay zero: training masks them). The log-variance head is
+    /// one dense layer over every member's features.
+    ///
+    /// # Panics
+    /// When `members` is 0 or does not divide every hidden width (config validation refuses
+    /// both), or on a zero-sized layer (see [`Self::init`]).
+    pub fn init_members<B: Backend>(
+        &self,
+        seed: u64,
+        members: usize,
+        device: &B::Device,
+    ) -> RegressionNet<B> {
+        assert!(
+            members >= 1 && self.hidden.iter().all(|w| w % members == 0),
+            "{members} members do not divide the hidden widths {:?}",
+            self.hidden
+        );
+        if members == 1 {
+            return self.init(seed, device);
+        }
+        assert!(
+            !self.hidden.is_empty(),
+            "an ensemble's members are told apart by their hidden layers: it needs one"
+        );
+        assert!(
+            self.layer_shapes().iter().all(|&(i, o)| i > 0 && o > 0),
+            "a RegressionNet with a zero-sized layer ({:?}) would create zero-element device \
+             tensors (CubeCL's CUDA runtime rejects them: UnsupportedStrides)",
+            self.layer_shapes()
+        );
+        let mut rng = SplitMix64::derive(seed, &[INIT_STREAM]);
+        let shapes = self.layer_shapes();
+        let last = shapes.len() - 1;
+        let mut layers: Vec<Linear<B>> = shapes
+            .into_iter()
+            .enumerate()
+            .map(|(l, (i, o))| {
+                // The first layer reads the shared input (dense); the hidden layers and the
+                // mean head are block-diagonal, member by member; the log-variance head is
+                // dense over all members' features.
+                let (block_in, block_out) = match l {
+                    0 => (i, o / members),
+                    l if l == last => (i, o),
+                    l if l == last - 1 => (i / members, o),
+                    _ => (i / members, o / members),
+                };
+                let mean_head = l + 1 == last;
+                let bound = 1.0 / (block_in as f64).sqrt();
+                let mut w = vec![0f32; i * o];
+                for r in 0..i {
+                    for c in 0..o {
+                        if l == 0 || l == last || mean_head || r / block_in == c / block_out {
+                            w[r * o + c] = rng.uniform(-bound, bound) as f32;
+                        }
+                    }
+                }
+                let b: Vec<f32> = (0..o).map(|_| rng.uniform(-bound, bound) as f32).collect();
+                linear_from(w, b, i, o, device)
+            })
+            .collect();
+        let logvar_head = layers.pop().expect("two heads");
+        let mean_head = layers.pop().expect("two heads");
+        RegressionNet {
+            backbone: layers,
+            mean_head,
+            logvar_head,
+            activation: self.activation,
+            members,
         }
     }
 }
@@ -175,6 +253,17 @@ pub struct RegressionNet<B: Backend> {
     /// Hidden activation (not a parameter).
     #[module(skip)]
     pub activation: Activation,
+    /// Independent members packed side by side (1: one network). Member `m` owns columns
+    /// `m·w .. (m+1)·w` of every hidden layer (`w` = the width ÷ `members`): the first layer
+    /// reads the whole input, every later hidden layer is block-diagonal (the blocks between
+    /// members are zero, and [`Self::forward_members`] masks them so they stay zero), and
+    /// member `m`'s mean is its own rows of the mean head plus the shared bias. The ensemble's
+    /// mean is the members' mean: [`Self::forward`] gives it, and [`Self::folded`] turns the
+    /// network into the plain one every engine serves (the mean head divided by `members`).
+    /// The log-variance head is one dense layer over all members' features: it is fitted to
+    /// the ensemble mean's residuals, so the served variance is the ensemble's own.
+    #[module(skip)]
+    pub members: usize,
 }
 
 impl<B: Backend> RegressionNet<B> {
@@ -187,9 +276,70 @@ impl<B: Backend> RegressionNet<B> {
     pub fn forward(&self, x: Tensor<B, 2>) -> RegressionOutput<B> {
         let _net = crate::prof_span!("module", path = "RegressionNet", shape = ?x.dims()).entered();
         let h = self.trunk(x);
-        let mean = self.head(&self.mean_head, "RegressionNet/mean_head", h.clone());
+        let mean = self.ensemble_mean(h.clone());
         let log_var = self.head(&self.logvar_head, "RegressionNet/logvar_head", h);
         RegressionOutput { mean, log_var }
+    }
+
+    /// The members' own means `[members, batch, k]` beside the ensemble's outputs (the
+    /// log-variance only when `log_var`): what a training step of a packed ensemble
+    /// computes, so that each member is fitted on its own error. The ensemble mean is the
+    /// members' mean.
+    pub fn forward_members(&self, x: Tensor<B, 2>, log_var: bool) -> MemberOutput<B> {
+        let _net = crate::prof_span!("module", path = "RegressionNet", shape = ?x.dims()).entered();
+        let h = self.trunk(x);
+        let [rows, width] = h.dims();
+        let (m, k) = (self.members, self.mean_head.weight.dims()[1]);
+        let members = {
+            let _s =
+                crate::prof_span!("module", path = "RegressionNet/mean_head", shape = ?h.dims())
+                    .entered();
+            // [rows, m·w] → [m, rows, w] @ [m, w, k] → [m, rows, k], plus the shared bias.
+            let hm = h.clone().reshape([rows, m, width / m]).swap_dims(0, 1);
+            let w = self.mean_head.weight.val().reshape([m, width / m, k]);
+            let out = hm.matmul(w);
+            match &self.mean_head.bias {
+                Some(b) => out + b.val().reshape([1, 1, k]),
+                None => out,
+            }
+        };
+        let mean = members.clone().mean_dim(0).reshape([rows, k]);
+        let log_var = log_var.then(|| self.head(&self.logvar_head, "RegressionNet/logvar_head", h));
+        MemberOutput {
+            members,
+            mean,
+            log_var,
+        }
+    }
+
+    /// The plain network every engine serves: the ensemble's mean head divided by the
+    /// member count (the members' mean as one dense layer); a single network as it is.
+    pub fn folded(mut self) -> Self {
+        if self.members > 1 {
+            let scale = 1.0 / self.members as f64;
+            let w = &self.mean_head.weight;
+            self.mean_head.weight = Param::initialized(w.id, w.val().mul_scalar(scale));
+            self.members = 1;
+        }
+        self
+    }
+
+    /// The mean head on the backbone's output: a single network's head, or a packed
+    /// ensemble's members' mean (the head's product divided by the member count, plus the
+    /// shared bias).
+    fn ensemble_mean(&self, h: Tensor<B, 2>) -> Tensor<B, 2> {
+        if self.members <= 1 {
+            return self.head(&self.mean_head, "RegressionNet/mean_head", h);
+        }
+        let _s = crate::prof_span!("module", path = "RegressionNet/mean_head", shape = ?h.dims())
+            .entered();
+        let z = h
+            .matmul(self.mean_head.weight.val())
+            .div_scalar(self.members as f64);
+        match &self.mean_head.bias {
+            Some(b) => z + b.val().unsqueeze_dim(0),
+            None => z,
+        }
     }
 
     /// The mean head alone (the backbone, then the mean head): what a training step of a
@@ -198,7 +348,7 @@ impl<B: Backend> RegressionNet<B> {
     pub fn forward_mean(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let _net = crate::prof_span!("module", path = "RegressionNet", shape = ?x.dims()).entered();
         let h = self.trunk(x);
-        self.head(&self.mean_head, "RegressionNet/mean_head", h)
+        self.ensemble_mean(h)
     }
 
     /// The backbone's hidden layers.
@@ -212,7 +362,12 @@ impl<B: Backend> RegressionNet<B> {
                 .copied()
                 .unwrap_or("RegressionNet/backbone/n");
             let _s = crate::prof_span!("module", path = _path, shape = ?h.dims()).entered();
-            h = layer_forward(layer, h, Some(self.activation));
+            h = match self.members {
+                m if m > 1 && i > 0 => {
+                    layer_forward(&block_diagonal(layer, m), h, Some(self.activation))
+                }
+                _ => layer_forward(layer, h, Some(self.activation)),
+            };
             crate::observe::profiler::sync::<B>(&device);
         }
         h
@@ -241,6 +396,34 @@ impl<B: Backend> RegressionNet<B> {
             activation: self.activation,
         }
     }
+}
+
+/// `layer` with every weight between two of `members` packed members masked to zero, as a
+/// product the gradient flows through: the masked weights get no gradient, so the zeros they
+/// start with stay (AdamW's decoupled decay keeps a zero at zero).
+fn block_diagonal<B: Backend>(layer: &Linear<B>, members: usize) -> Linear<B> {
+    let w = &layer.weight;
+    let [fan_in, fan_out] = w.dims();
+    let (bi, bo) = (fan_in / members, fan_out / members);
+    let mask: Vec<f32> = (0..fan_in * fan_out)
+        .map(|e| f32::from(u8::from((e / fan_out) / bi == (e % fan_out) / bo)))
+        .collect();
+    let mask = Tensor::<B, 2>::from_data(TensorData::new(mask, [fan_in, fan_out]), &w.device());
+    Linear {
+        weight: Param::initialized(w.id, w.val() * mask),
+        bias: layer.bias.clone(),
+    }
+}
+
+/// What a packed ensemble's training step computes ([`RegressionNet::forward_members`]).
+#[derive(Debug, Clone)]
+pub struct MemberOutput<B: Backend> {
+    /// Each member's predicted means, `[members, batch, k]`.
+    pub members: Tensor<B, 3>,
+    /// The ensemble's mean (the members' mean), `[batch, k]`.
+    pub mean: Tensor<B, 2>,
+    /// The ensemble's log-variance, `[batch, k]`, when asked for.
+    pub log_var: Option<Tensor<B, 2>>,
 }
 
 /// Span names of the first backbone layers (static strings keep disabled spans free).
@@ -321,6 +504,100 @@ mod tests {
         let out = net.forward(Tensor::zeros([5, 20], &Default::default()));
         assert_eq!(out.mean.dims(), [5, 3]);
         assert_eq!(out.log_var.dims(), [5, 3]);
+    }
+
+    /// A 3-member ensemble of 5 → [4, 6] → 2 networks, packed.
+    fn packed() -> RegressionNetConfig {
+        RegressionNetConfig {
+            n_features: 5,
+            hidden: vec![12, 18],
+            n_targets: 2,
+            activation: Activation::Relu,
+        }
+    }
+
+    fn rows(n: usize, f: usize) -> Vec<f32> {
+        (0..n * f)
+            .map(|i| ((i * 37) % 23) as f32 / 7.0 - 1.5)
+            .collect()
+    }
+
+    fn host(t: Tensor<impl Backend, 2>) -> Vec<f32> {
+        t.into_data().convert::<f32>().to_vec().unwrap()
+    }
+
+    #[test]
+    fn one_member_is_the_plain_network_bit_for_bit() {
+        let cfg = RegressionNetConfig::reference();
+        let d = Default::default();
+        let a = cfg.init::<Flex>(7, &d);
+        let b = cfg.init_members::<Flex>(7, 1, &d);
+        assert_eq!(b.members, 1);
+        for (x, y) in a.backbone.iter().zip(&b.backbone) {
+            assert_eq!(x.weight.val().into_data(), y.weight.val().into_data());
+        }
+        assert_eq!(
+            a.logvar_head.bias.unwrap().val().into_data(),
+            b.logvar_head.bias.unwrap().val().into_data()
+        );
+    }
+
+    #[test]
+    fn a_packed_ensemble_is_its_members_mean_and_folds_into_the_served_network() {
+        use burn::backend::Autodiff;
+        type A = Autodiff<Flex>;
+        let (cfg, d) = (packed(), Default::default());
+        let net = cfg.init_members::<A>(11, 3, &d);
+        assert_eq!(net.architecture(), cfg);
+        // Between-member blocks start at zero; a member's own block does not.
+        let w1 = host(net.backbone[1].weight.val());
+        let off = |r: usize, c: usize| r / 4 != c / 6;
+        assert!((0..12 * 18).all(|e| !off(e / 18, e % 18) || w1[e] == 0.0));
+        assert!((0..12 * 18).any(|e| !off(e / 18, e % 18) && w1[e] != 0.0));
+
+        let x = || Tensor::<A, 2>::from_data(TensorData::new(rows(9, 5), [9, 5]), &d);
+        let out = net.forward_members(x(), true);
+        assert_eq!(out.members.dims(), [3, 9, 2]);
+        let mean = host(out.mean.clone());
+        let by_members = host(out.members.clone().mean_dim(0).reshape([9, 2]));
+        let full = net.forward(x());
+        for ((a, b), c) in mean.iter().zip(&by_members).zip(host(full.mean)) {
+            assert!((a - b).abs() < 1e-5 && (a - c).abs() < 1e-5, "{a} {b} {c}");
+        }
+        // The folded network is the plain one the engines serve: same mean and variance.
+        let folded = net.clone().folded();
+        assert_eq!(folded.members, 1);
+        let served = folded.forward(x());
+        for (a, b) in mean.iter().zip(host(served.mean)) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        assert_eq!(host(full.log_var), host(served.log_var));
+
+        // Each member learns from its own error: no gradient reaches a between-member weight,
+        // and member 0's means do not move when member 2's block changes.
+        let loss = out.members.powi_scalar(2).mean() + out.log_var.unwrap().mean();
+        let g = loss.backward();
+        let gw = host(net.backbone[1].weight.grad(&g).unwrap().reshape([12, 18]));
+        assert!((0..12 * 18).all(|e| !off(e / 18, e % 18) || gw[e] == 0.0));
+        assert!(gw.iter().any(|&v| v != 0.0));
+        let mut other = net.clone();
+        let w = &other.backbone[1].weight;
+        let moved: Vec<f32> = w1
+            .iter()
+            .enumerate()
+            .map(|(e, &v)| if e / 18 >= 8 { v + 0.5 } else { v })
+            .collect();
+        other.backbone[1].weight = Param::initialized(
+            w.id,
+            Tensor::from_data(TensorData::new(moved, [12, 18]), &d),
+        );
+        let (a, b) = (
+            net.forward_members(x(), false).members,
+            other.forward_members(x(), false).members,
+        );
+        let first = |t: Tensor<A, 3>| t.slice([0..1, 0..9, 0..2]).into_data();
+        assert_eq!(first(a.clone()), first(b.clone()));
+        assert_ne!(a.into_data(), b.into_data());
     }
 
     #[test]

@@ -103,6 +103,7 @@ pub fn model_with_dtype<B: Backend>(
         mean_head: mk(&weights.mean_head),
         logvar_head: mk(&weights.logvar_head),
         activation: weights.arch.activation,
+        members: 1,
     }
 }
 
