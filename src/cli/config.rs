@@ -13,10 +13,14 @@ pub fn check(path: &Path, set: &[String]) -> CliResult {
     let c = &loaded.config;
     let data = kiln::data::Dataset::load(&c.data).map_err(CliError::input)?;
     println!(
-        "{}: ok — {}, {}, hidden {:?} ({}), {}: {}; loader batch {} workers {} (resolves to {}); device {:?}",
+        "{}: ok — {}, {}, hidden {}{:?} ({}), {}: {}; loader batch {} workers {} (resolves to {}); device {:?}",
         path.display(),
         kiln::util::count(c.data.features.len(), "feature"),
         kiln::util::count(c.data.targets.len(), "target"),
+        match c.model.ensemble {
+            1 => String::new(),
+            m => format!("{m} members × "),
+        },
         c.model.hidden,
         c.model.activation.name(),
         kiln::util::count(c.stages.len(), "stage"),

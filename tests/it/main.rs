@@ -12,6 +12,7 @@ mod deploy;
 mod distill;
 mod early_stopping;
 mod engines;
+mod ensemble;
 mod exact;
 mod faults_serve;
 mod faults_train;

@@ -12,8 +12,10 @@ use std::fmt::Write as _;
 /// The training part of a starter config, sized for a table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainingDefaults {
-    /// Hidden layer widths.
+    /// Hidden layer widths (of each ensemble member).
     pub hidden: Vec<usize>,
+    /// Independent members trained at once (`model.ensemble`).
+    pub ensemble: usize,
     /// Rows per optimizer step.
     pub batch_size: usize,
     /// Epochs of the mean stage: about [`TARGET_STEPS`] optimizer steps, within
@@ -36,6 +38,8 @@ pub struct TrainingDefaults {
 /// Optimizer steps the mean stage aims for: a small table runs more epochs, a large one fewer,
 /// within [`MIN_EPOCHS`, `MAX_EPOCHS`].
 pub const TARGET_STEPS: usize = 6_000;
+/// Members of the default packed ensemble (`model.ensemble`).
+pub const ENSEMBLE: usize = 4;
 /// The fewest epochs a mean stage runs.
 pub const MIN_EPOCHS: usize = 30;
 /// The most epochs a mean stage runs.
@@ -51,6 +55,7 @@ impl TrainingDefaults {
             .clamp(MIN_EPOCHS, MAX_EPOCHS);
         TrainingDefaults {
             hidden: vec![32, 32],
+            ensemble: ENSEMBLE,
             batch_size,
             mean_epochs,
             variance_epochs: 30,
@@ -69,6 +74,13 @@ impl TrainingDefaults {
         let mut y = String::new();
         let hidden: Vec<String> = self.hidden.iter().map(|h| h.to_string()).collect();
         let _ = writeln!(y, "model:\n  hidden: [{}]", hidden.join(", "));
+        if self.ensemble > 1 {
+            let _ = writeln!(
+                y,
+                "  # {} networks of this shape trained at once, each on its own error; the served\n  # mean is theirs, the variance the ensemble's (one plain network {}× as wide).\n  ensemble: {}",
+                self.ensemble, self.ensemble, self.ensemble
+            );
+        }
         let _ = writeln!(
             y,
             "loader:\n  batch_size: {}\n  num_workers: 0",
@@ -121,6 +133,7 @@ mod tests {
         );
         let c = crate::config::parse(&text, std::path::Path::new("starter.yaml")).unwrap();
         assert_eq!(c.model.hidden, d.hidden);
+        assert_eq!(c.model.ensemble, d.ensemble);
         assert_eq!(c.stages.len(), 2);
         assert_eq!(c.stages[0].epochs, d.mean_epochs);
         assert_eq!(

@@ -221,6 +221,50 @@ fn leak_score(x: &[Option<f64>], y: &[Option<f64>]) -> Option<String> {
     (r2 >= LEAK_R2).then(|| format!("one-feature binned R² {r2:.4}"))
 }
 
+/// How well the values of a categorical column `x` alone predict `y`, when almost perfectly:
+/// the R² of each value's mean of `y` (a missing cell is a value of its own) on the rows where
+/// `y` is present is at least [`LEAK_R2`], and the values average at least 20 rows each (with
+/// fewer, any column of many values fits). `None` otherwise, or with fewer than 30 rows.
+fn category_leak_score(x: &[String], y: &[Option<f64>]) -> Option<String> {
+    let mut groups: std::collections::HashMap<&str, (f64, f64)> = Default::default();
+    let pairs: Vec<(&str, f64)> = x
+        .iter()
+        .zip(y)
+        .filter_map(|(a, b)| Some((a.as_str(), (*b)?)))
+        .collect();
+    let n = pairs.len();
+    if n < 30 {
+        return None;
+    }
+    for &(a, b) in &pairs {
+        let g = groups.entry(a).or_default();
+        g.0 += b;
+        g.1 += 1.0;
+    }
+    if groups.len() * 20 > n {
+        return None;
+    }
+    let my = pairs.iter().map(|p| p.1).sum::<f64>() / n as f64;
+    let syy: f64 = pairs.iter().map(|p| (p.1 - my).powi(2)).sum();
+    if syy <= 0.0 {
+        return None;
+    }
+    let ss_res: f64 = pairs
+        .iter()
+        .map(|(a, b)| {
+            let (sum, count) = groups[a];
+            (b - sum / count).powi(2)
+        })
+        .sum();
+    let r2 = 1.0 - ss_res / syy;
+    (r2 >= LEAK_R2).then(|| {
+        format!(
+            "R² {r2:.4} from the mean of each of its {} values",
+            groups.len()
+        )
+    })
+}
+
 /// The skewness above which a non-negative target gets a transform.
 const SKEWED: f64 = 1.0;
 
@@ -385,27 +429,35 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         .map(|t| table.column_index(t).map(|j| numbers(&table, j)))
         .collect::<Result<_, _>>()?;
     features.retain(|f| {
-        if categorical.contains(f) {
-            return true;
-        }
         let Ok(j) = table.column_index(f) else {
             return true;
         };
-        let x = numbers(&table, j);
+        let is_category = categorical.contains(f);
+        let (x, cells) = match is_category {
+            true => (Vec::new(), table.column_cells(j).map(|c| c.trim().to_string()).collect()),
+            false => (numbers(&table, j), Vec::new()),
+        };
         for (t, y) in targets.iter().zip(&target_values) {
-            if let Some(score) = leak_score(&x, y) {
+            let score = match is_category {
+                true => category_leak_score(&cells, y),
+                false => leak_score(&x, y),
+            };
+            if let Some(score) = score {
                 let why = format!(
                     "alone predicts `{t}` almost perfectly ({score}): known only after the outcome, or the outcome in other units?"
                 );
                 notes.push(format!("`{f}`: {why}, not used"));
                 left_out.push((f.clone(), why));
                 holes.retain(|h| h != f);
-                missing -= x.iter().filter(|v| v.is_none()).count();
+                missing -= (0..table.n_rows())
+                    .filter(|&r| table.is_missing_at(r, j))
+                    .count();
                 return false;
             }
         }
         true
     });
+    categorical.retain(|c| features.contains(c));
     if features.is_empty() {
         return Err(DataError::Other(format!(
             "{}: no numeric or categorical column besides the targets to use as a feature",
@@ -754,6 +806,38 @@ mod tests {
             "{}",
             s.yaml
         );
+    }
+
+    #[test]
+    fn a_category_that_alone_gives_the_target_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("orders.csv");
+        // `outcome` is the target's bucket, written after the fact; `region` is honest.
+        let mut text = String::from("x,region,outcome,y\n");
+        for i in 0..200usize {
+            let b = i % 4;
+            let y = 10.0 * b as f64 + ((i * 37) % 11) as f64 * 0.01;
+            let region = ["n", "s", "e", "w", "c"][(i * 7) % 5];
+            text.push_str(&format!(
+                "{},{region},{},{y}\n",
+                (i * 13) % 17,
+                ["lo", "mid", "hi", "top"][b]
+            ));
+        }
+        std::fs::write(&p, text).unwrap();
+        let s = starter_config(&p, &["y".into()]).unwrap();
+        assert!(s.yaml.contains("features: [x, region]"), "{}", s.yaml);
+        assert!(s.yaml.contains("categorical: [region]"), "{}", s.yaml);
+        assert!(
+            s.yaml.contains("#   outcome: alone predicts `y` almost perfectly (R² 1.0000 from the mean of each of its 4 values)"),
+            "{}",
+            s.yaml
+        );
+        crate::config::parse(&s.yaml, Path::new("init.yaml")).unwrap();
+        // A category of many values fits any target on few rows each: not called a leak.
+        let ids: Vec<String> = (0..200).map(|i| format!("r{}", i / 2)).collect();
+        let y: Vec<Option<f64>> = (0..200).map(|i| Some(i as f64)).collect();
+        assert_eq!(category_leak_score(&ids, &y), None);
     }
 
     #[test]

@@ -160,6 +160,10 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         let si = self.progress.stage;
         let stage = &job.config.config.stages[si];
         self.instruments.mark_stage(&stage.name);
+        if self.progress.epoch == 0 && self.progress.stage_step == 0 && starts_variance(job, si) {
+            let start = self.constant_variance_start();
+            self.trainee.update(|model| start.apply(model));
+        }
         self.trainee
             .update(|model| set_trainable(model, &stage.trainable));
         let mut optim = stage_optimizer::<B, RegressionNet<B>>(stage);
@@ -204,6 +208,26 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
             }
         }
         Ok(StageEnd::Done)
+    }
+
+    /// The constant-variance solution on the current mean: the log of each target's mean
+    /// squared training residual (normalised units), the log-variance head's start for a
+    /// variance stage (see [`starts_variance`]).
+    fn constant_variance_start(&self) -> ConstantVariance {
+        let prep = &self.data.prep;
+        let pred = super::evaluate::predict_split(
+            &self.trainee.model().valid(),
+            &prep.data.train.x,
+            &self.data.x_aff,
+            &self.device,
+        );
+        let var = super::evaluate::residual_variance(&pred, &prep.data.train.y, &prep.y_stats);
+        ConstantVariance(
+            var.iter()
+                .zip(&prep.y_stats)
+                .map(|(v, t)| ((v / (t.std * t.std)).max(1e-12)).ln() as f32)
+                .collect(),
+        )
     }
 
     /// Whether stage `si`'s early stopping ends it after the epoch just run.
@@ -360,6 +384,48 @@ impl<'j, 'a, B: AutodiffBackend> Session<'j, 'a, B> {
         let mut trained = finish::seal(&end, evaluation, verdict, &self.progress.config_sha256)?;
         trained.outcome.wall = self.instruments.wall();
         Ok(trained)
+    }
+}
+
+/// Whether stage `si` is the first to fit the log-variance head, on a frozen mean (a
+/// `gaussian_nll` stage that trains `logvar_head` alone). Such a stage starts from the
+/// constant-variance solution ([`ConstantVariance`]) instead of the head's random weights:
+/// random weights over features the mean stage made large give some rows a log-variance far
+/// below their residual, and the first steps' loss on them reaches 1e12 (a real table's
+/// damaged rows did), so the stage spends its epochs recovering and keeps the epoch the
+/// outliers picked. From the constant solution the head can only learn where the variance
+/// differs, and its first epoch already scores as a constant variance does.
+fn starts_variance(job: &TrainJob<'_>, si: usize) -> bool {
+    let stages = &job.config.config.stages;
+    let s = &stages[si];
+    s.loss == Loss::GaussianNll
+        && s.trainable == [crate::config::Part::LogvarHead]
+        && !stages[..si]
+            .iter()
+            .any(|e| e.trainable.contains(&crate::config::Part::LogvarHead))
+}
+
+/// A log-variance head that predicts one constant per target: zero weights, the constants as
+/// the bias.
+struct ConstantVariance(Vec<f32>);
+
+impl ConstantVariance {
+    fn apply<B: AutodiffBackend>(self, mut m: RegressionNet<B>) -> RegressionNet<B> {
+        use burn::module::Param;
+        use burn::tensor::{Tensor, TensorData};
+        let head = &m.logvar_head;
+        let device = head.weight.device();
+        let k = self.0.len();
+        let w = Param::initialized(head.weight.id, head.weight.val().zeros_like());
+        let b = head.bias.as_ref().map(|b| {
+            Param::initialized(
+                b.id,
+                Tensor::from_data(TensorData::new(self.0, [k]), &device),
+            )
+        });
+        m.logvar_head.weight = w;
+        m.logvar_head.bias = b;
+        m
     }
 }
 

@@ -108,8 +108,9 @@ impl<B: Backend> StepOutput<B> {
     }
 
     /// The squared error of the means against `y` (`[batch, k]`), per element; a packed
-    /// ensemble's is the members' mean squared error (each member fitted on its own error,
-    /// not the ensemble on the mean's). `detach`: no gradient reaches the means.
+    /// ensemble's, while its means train, is the members' mean squared error (each member
+    /// fitted on its own error, not the ensemble on the mean's). `detach` (a frozen mean):
+    /// the ensemble mean's, and no gradient reaches it.
     fn squared_error(
         mean: Tensor<B, 2>,
         members: Option<Tensor<B, 3>>,
@@ -117,12 +118,11 @@ impl<B: Backend> StepOutput<B> {
         detach: bool,
     ) -> Tensor<B, 2> {
         match members {
-            None => {
-                let mean = if detach { mean.detach() } else { mean };
-                (mean - y).powi_scalar(2)
-            }
+            // A frozen mean (a variance stage): a packed ensemble's residual is its mean's,
+            // the one the served variance describes.
+            _ if detach => (mean.detach() - y).powi_scalar(2),
+            None => (mean - y).powi_scalar(2),
             Some(m) => {
-                let m = if detach { m.detach() } else { m };
                 let [_, rows, k] = m.dims();
                 (m - y.unsqueeze_dim(0))
                     .powi_scalar(2)
