@@ -62,9 +62,11 @@ impl TrainingDefaults {
             lr: 3.0e-3,
             weight_decay: 1e-2,
             cosine_warmup: Some(0.05),
-            // Measured and not kept: it lowered the NLL on 4 of 9 tune tables but raised it
-            // on 4 of 6 check tables (heavy-tailed targets get too wide intervals).
-            variance_scaling: false,
+            // Kept since the variance stage starts at the constant-variance solution: the head
+            // then fits the training residuals, which an ensemble fitted closely is smaller
+            // than the test's (ames: 90 % coverage 0.55), and the validation scale corrects
+            // it (0.93; NLL below the constant variance on 5/9 tune and 5/6 check tables).
+            variance_scaling: true,
         }
     }
 
@@ -144,9 +146,12 @@ mod tests {
             }
         );
         assert_eq!(c.stages[0].optimizer.lr, d.lr);
-        assert_eq!(c.calibration, None);
+        assert_eq!(
+            c.calibration,
+            Some(crate::config::Calibration::VarianceScaling)
+        );
         let calibrated = TrainingDefaults {
-            variance_scaling: true,
+            variance_scaling: false,
             ..d
         };
         let text = format!(
@@ -154,10 +159,7 @@ mod tests {
             calibrated.yaml()
         );
         let c = crate::config::parse(&text, std::path::Path::new("starter.yaml")).unwrap();
-        assert_eq!(
-            c.calibration,
-            Some(crate::config::Calibration::VarianceScaling)
-        );
+        assert_eq!(c.calibration, None);
         assert_eq!(c.loader.batch_size, d.batch_size);
     }
 }
