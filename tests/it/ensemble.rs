@@ -143,6 +143,60 @@ fn a_packed_ensemble_exports_one_plain_network_that_serves_its_members_mean() {
     assert!(rmse < 0.3, "test RMSE {rmse}");
 }
 
+/// `kiln predict` on `rows` of `t.csv`: (y, predicted mean, predicted std) per row.
+fn predicted(dir: &Path, ckpt: &Path, rows: &[&(usize, f64, f64, f64)]) -> Vec<(f64, f64, f64)> {
+    let input = dir.join("rows.csv");
+    let mut text = String::from("a,b\n");
+    for r in rows {
+        text.push_str(&format!("{:.5},{:.5}\n", r.1, r.2));
+    }
+    std::fs::write(&input, text).unwrap();
+    let out = dir.join("rows-pred.csv");
+    let o = crate::common::predict(ckpt.to_str().unwrap(), &input, &out);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (m, s) = (at("y_mean"), at("y_std"));
+    lines
+        .zip(rows)
+        .map(|(l, r)| {
+            let c: Vec<f64> = l.split(',').map(|v| v.parse().unwrap()).collect();
+            (r.3, c[m], c[s])
+        })
+        .collect()
+}
+
+/// The variance stage starts at the constant-variance solution of the (ensemble) mean's
+/// training residuals: with a learning rate too small to move it, every row's σ² is the mean
+/// squared training residual of the served mean.
+#[test]
+fn the_variance_stage_starts_at_the_constant_variance_of_the_training_residuals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("t.csv");
+    let rows = table(&data, 400);
+    let cfg = config(tmp.path(), &data, THREE);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "optimizer: {lr: 1.0e-2, weight_decay: 0.0}",
+        "optimizer: {lr: 1.0e-12, weight_decay: 0.0}",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let train: Vec<_> = rows.iter().filter(|r| r.0 == 0).collect();
+    let p = predicted(tmp.path(), &ckpt, &train);
+    let mse = p.iter().map(|(y, m, _)| (y - m).powi(2)).sum::<f64>() / p.len() as f64;
+    for (_, _, sd) in &p {
+        assert!(
+            (sd * sd / mse - 1.0).abs() < 1e-3,
+            "σ² {} against the mean squared training residual {mse}",
+            sd * sd
+        );
+    }
+}
+
 #[test]
 fn a_packed_ensemble_killed_midway_resumes_to_the_same_weights() {
     let tmp = tempfile::tempdir().unwrap();
