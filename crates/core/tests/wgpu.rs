@@ -33,6 +33,11 @@ static DEVICE: Mutex<()> = Mutex::new(());
 /// `min_delta`), the variance stage (backbone frozen, the log-variance head alone, Gaussian
 /// NLL, a rebuilt optimizer without weight decay, clipping) and a joint fine-tuning stage.
 fn config(dir: &Path) -> LoadedConfig {
+    config_with(dir, "")
+}
+
+/// [`config`] with `model` lines added (e.g. `ensemble: 3`).
+fn config_with(dir: &Path, model: &str) -> LoadedConfig {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../datasets/baseball.csv");
     let text = format!(
         r#"name: wgpu
@@ -47,6 +52,7 @@ data:
     test: {{from: 2017, to: 2019}}
 model:
   hidden: [32, 16]
+{model}
 loader:
   batch_size: 256
   num_workers: 1
@@ -182,6 +188,42 @@ fn training_every_stage_and_resume_on_wgpu_agree_with_the_cpu() {
     // The exported checkpoint loads and predicts like the in-memory evaluation said.
     let ck = kiln_core::artifact::Checkpoint::load(gpu.export_dir.as_ref().unwrap()).unwrap();
     assert_eq!(ck.weights.arch.hidden, vec![32, 16]);
+}
+
+/// A packed ensemble (3 members; the joint stage fits each member's mean with the shared
+/// log-variance) trains on wgpu as on the CPU, and its export keeps the between-member
+/// weights at zero.
+#[test]
+fn a_packed_ensemble_trains_on_wgpu_as_on_the_cpu() {
+    let _one = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_probe().expect("a Vulkan device (CI installs lavapipe: .ci/wgpu.sh)");
+    let tmp = tempfile::tempdir().unwrap();
+    let loaded = config_with(tmp.path(), "  ensemble: 3");
+    let root = tmp.path().join("runs");
+    let cpu = run_on::<kiln_core::backend::TrainCpu>(
+        &loaded,
+        fresh_run(&root, &loaded),
+        false,
+        None,
+        &Default::default(),
+    );
+    let gpu = run_on::<Autodiff<WgpuF32>>(&loaded, fresh_run(&root, &loaded), false, None, &device);
+    assert_close(
+        "wgpu vs cpu, 3 members",
+        test_report(&cpu),
+        test_report(&gpu),
+        0.03,
+    );
+    let ck = kiln_core::artifact::Checkpoint::load(gpu.export_dir.as_ref().unwrap()).unwrap();
+    assert_eq!(ck.weights.arch.hidden, vec![96, 48]);
+    let l1 = &ck.weights.backbone[1];
+    for r in 0..96 {
+        for c in 0..48 {
+            if r / 32 != c / 16 {
+                assert_eq!(l1.w[r * 48 + c], 0.0, "between-member weight ({r}, {c})");
+            }
+        }
+    }
 }
 
 /// The GPU engine on wgpu answers like `fused` in f32 at every bucket and between buckets.
