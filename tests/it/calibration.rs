@@ -22,7 +22,9 @@ use serde_json::{Value, json};
 use crate::common::{kiln, root, tiny_config};
 
 /// The tiny config with a variance stage that hardly moves (one epoch at lr 1e−5: σ stays near
-/// its initial value, far from the residuals) and, when `calibrate`, recalibration.
+/// its random initial value, far from the residuals) and, when `calibrate`, recalibration. The
+/// stage also lists the mean head (which lr 1e−5 leaves as it is), so that it does not start
+/// from the constant-variance solution a stage of the log-variance head alone starts from.
 fn miscalibrated(dir: &Path, calibrate: bool) -> PathBuf {
     let cal = if calibrate {
         "calibration: variance_scaling\nexport:"
@@ -36,6 +38,10 @@ fn miscalibrated(dir: &Path, calibrate: bool) -> PathBuf {
             (
                 "    epochs: 2\n    optimizer: {lr: 1.0e-2, weight_decay: 0.0}",
                 "    epochs: 1\n    optimizer: {lr: 1.0e-5, weight_decay: 0.0}",
+            ),
+            (
+                "trainable: [logvar_head]",
+                "trainable: [mean_head, logvar_head]",
             ),
             ("export:", cal),
         ],

@@ -185,12 +185,14 @@ fn training_profile_records_the_scheduled_steps_with_module_paths() {
     .iter()
     .map(|n| total(n))
     .sum();
-    // The phases fit inside the step and are a good part of it. Not most of it: with
-    // `profile_memory` the profiler reads the memory counters as each span closes, time
-    // that falls in the enclosing step but in none of its phases (about half of a 90 µs
-    // step of this network here; without it the step's own time is about a tenth).
+    // The phases fit inside the step. How much of it they fill is a timing, not a structure:
+    // with `profile_memory` the profiler reads the memory counters as each span closes (time
+    // in the step but in none of its phases: about half of a 90 µs step here on an idle
+    // machine), and on a busy one the thread can be descheduled between two phases (a CI run
+    // beside a benchmark measured phases at 15 % of the step). Each phase is asserted present
+    // above; here only that they nest.
     assert!(
-        phases <= step + 1e-3 && phases > 0.25 * step,
+        phases <= step + 1e-3 && phases > 0.0,
         "phases {phases} vs step {step}"
     );
     assert!(total("RegressionNet/backbone/0") <= total("forward") + 1e-3);
