@@ -8,9 +8,10 @@ use kiln::export::onnx::{self, IR_VERSION, OPSET_VERSION, OnnxError};
 /// Write a checkpoint's ONNX model and print what was written.
 pub fn onnx(checkpoint: &Path, out: &Path) -> CliResult {
     let s = onnx::export_file(checkpoint, out).map_err(|e| match e {
-        OnnxError::Artifact(_) | OnnxError::TargetTransform { .. } | OnnxError::DateFeature(_) => {
-            CliError::input(e)
-        }
+        OnnxError::Artifact(_)
+        | OnnxError::TargetTransform { .. }
+        | OnnxError::DateFeature(_)
+        | OnnxError::BinnedFeature(_) => CliError::input(e),
         other => CliError::from(other),
     })?;
     println!(

@@ -45,6 +45,52 @@ pub struct InputColumn {
     /// (since 1970-01-01) whose parts a missing cell gets. `None`: not a date column.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub date: Option<DateEncoding>,
+    /// A numeric column only (`data.numeric_bins`): the edges of its bins (the training
+    /// split's quantiles, ascending, distinct, at least 3). Beside the value itself the
+    /// network sees its piecewise-linear encoding, one input per bin (`<name>.bin<i>`): 0 below
+    /// the bin, 1 above it, the position within it in between (the first bin also goes below 0
+    /// and the last above 1, so the encoding still moves outside the training range). `None`:
+    /// the value alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bins: Option<Vec<f64>>,
+}
+
+/// The piecewise-linear encoding of `x` over bins with `edges` (see [`InputColumn::bins`]),
+/// appended to `out`.
+pub fn push_bins(edges: &[f64], x: f64, out: &mut Vec<f32>) {
+    let last = edges.len().saturating_sub(2);
+    for (i, w) in edges.windows(2).enumerate() {
+        let t = (x - w[0]) / (w[1] - w[0]);
+        let t = match (i == 0, i == last) {
+            (true, true) => t,
+            (true, false) => t.min(1.0),
+            (false, true) => t.max(0.0),
+            (false, false) => t.clamp(0.0, 1.0),
+        };
+        out.push(t as f32);
+    }
+}
+
+/// Bin edges for `data.numeric_bins: n`: the `0, 1/n, …, 1` quantiles of the training split's
+/// values `v` (sorted in place), the repeated ones dropped; `None` when fewer than 3 distinct
+/// edges remain (a constant or two-valued column gains nothing from bins).
+pub fn bin_edges(v: &mut [f64], n: usize) -> Option<Vec<f64>> {
+    if v.is_empty() || n < 2 {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let last = (v.len() - 1) as f64;
+    let mut edges: Vec<f64> = (0..=n)
+        .map(|k| {
+            // Linear interpolation between order statistics (numpy's default).
+            let pos = last * k as f64 / n as f64;
+            let (lo, frac) = (pos.floor() as usize, pos - pos.floor());
+            let hi = (lo + 1).min(v.len() - 1);
+            v[lo] + (v[hi] - v[lo]) * frac
+        })
+        .collect();
+    edges.dedup_by(|a, b| *a <= *b);
+    (edges.len() >= 3).then_some(edges)
 }
 
 /// How a date column becomes network inputs.
@@ -88,6 +134,20 @@ impl InputColumn {
             missing_to_unknown: false,
             case_insensitive: false,
             date: None,
+            bins: None,
+        }
+    }
+
+    /// The bins of a binned numeric column (see [`InputColumn::bins`]): how many.
+    fn bin_count(&self) -> usize {
+        self.bins.as_ref().map_or(0, |e| e.len() - 1)
+    }
+
+    /// A numeric value and its bins, appended to `out`.
+    fn push_number(&self, x: f32, out: &mut Vec<f32>) {
+        out.push(x);
+        if let Some(e) = &self.bins {
+            push_bins(e, f64::from(x), out);
         }
     }
 
@@ -107,7 +167,7 @@ impl InputColumn {
         match (&self.categories, &self.date) {
             (Some(cats), _) => cats.len(),
             (None, Some(d)) => d.parts.len(),
-            (None, None) => 1,
+            (None, None) => 1 + self.bin_count(),
         }
     }
 
@@ -264,7 +324,10 @@ impl Preprocessing {
                 (None, Some(d)) => {
                     v.extend(d.parts.iter().map(|p| format!("{}.{}", c.name, p.name())))
                 }
-                (None, None) => v.push(c.name.clone()),
+                (None, None) => {
+                    v.push(c.name.clone());
+                    v.extend((0..c.bin_count()).map(|i| format!("{}.bin{i}", c.name)));
+                }
             }
         }
         v.extend(
@@ -286,7 +349,11 @@ impl Preprocessing {
     /// imputed, no indicators).
     pub fn is_plain(&self) -> bool {
         self.inputs.iter().all(|c| {
-            c.impute.is_none() && !c.indicator && c.categories.is_none() && c.date.is_none()
+            c.impute.is_none()
+                && !c.indicator
+                && c.categories.is_none()
+                && c.date.is_none()
+                && c.bins.is_none()
         })
     }
 
@@ -357,7 +424,7 @@ impl Preprocessing {
             match (&c.categories, *v) {
                 (None, RawValue::Missing) => match c.missing_value() {
                     Some(x) => {
-                        out.push(x as f32);
+                        c.push_number(x as f32, out);
                         if let Some(n) = counts.as_deref_mut() {
                             bump(&mut n.imputed, i);
                         }
@@ -377,10 +444,10 @@ impl Preprocessing {
                     if !f.is_finite() {
                         return fail(out, locate(&c.name, out_of_range(x)));
                     }
-                    out.push(f);
+                    c.push_number(f, out);
                 }
                 (None, RawValue::Text(t)) => match parse_finite(t) {
-                    Ok(x) if (x as f32).is_finite() => out.push(x as f32),
+                    Ok(x) if (x as f32).is_finite() => c.push_number(x as f32, out),
                     Ok(x) => return fail(out, locate(&c.name, out_of_range(x))),
                     Err(not_number) => {
                         let m = if not_number {

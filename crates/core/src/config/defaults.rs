@@ -38,6 +38,8 @@ pub struct TrainingDefaults {
 /// Optimizer steps the mean stage aims for: a small table runs more epochs, a large one fewer,
 /// within [`MIN_EPOCHS`, `MAX_EPOCHS`].
 pub const TARGET_STEPS: usize = 6_000;
+/// Piecewise-linear bins per numeric feature (`data.numeric_bins`) in a starter config.
+pub const NUMERIC_BINS: usize = 8;
 /// Members of the default packed ensemble (`model.ensemble`).
 pub const ENSEMBLE: usize = 4;
 /// The fewest epochs a mean stage runs.

@@ -477,6 +477,13 @@ pub struct DataConfig {
     /// time, where the column is sent as text.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub dates: std::collections::BTreeMap<String, Vec<kiln_model::dates::DatePart>>,
+    /// Piecewise-linear bins for every numeric feature (not categorical, not a date): `n`
+    /// bins at the training split's quantiles, each one more network input beside the value
+    /// (`<column>.bin<i>`); the same encoding runs at predict and serve time. 0 (the
+    /// default): the values alone. A column with fewer than 3 distinct bin edges keeps its
+    /// value alone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub numeric_bins: usize,
     /// A missing feature cell at predict and serve time in a column whose training split had
     /// none (`impute`, the default: the training split's median for a numeric column, the
     /// unknown bucket for a categorical one; `refuse`: an error naming the row and column).
@@ -752,6 +759,10 @@ pub struct ModelConfig {
 
 fn one_member() -> usize {
     1
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn default_hidden() -> Vec<usize> {

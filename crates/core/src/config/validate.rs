@@ -129,6 +129,13 @@ impl ExperimentConfig {
                 "expected at least one target column".into(),
             );
         }
+        let bins = self.data.numeric_bins;
+        if bins == 1 || bins > 64 {
+            return bad(
+                "data.numeric_bins".into(),
+                format!("expected 0 (no bins) or 2 to 64 bins, got {bins}"),
+            );
+        }
         for (list, key) in [
             (&self.data.features, "data.features"),
             (&self.data.targets, "data.targets"),

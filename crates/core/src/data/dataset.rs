@@ -502,6 +502,14 @@ impl Dataset {
                     .collect();
                 col.fallback = median(&mut seen);
             }
+            if !cat && cfg.numeric_bins > 0 {
+                // Bins at the training split's quantiles of the values it has.
+                let mut seen: Vec<f64> = cells()
+                    .filter_map(|c| c.trim().parse::<f64>().ok())
+                    .map(|v| f64::from(v as f32))
+                    .collect();
+                col.bins = kiln_model::preprocess::bin_edges(&mut seen, cfg.numeric_bins);
+            }
             inputs.push(col);
         }
         let mut pre = Preprocessing {

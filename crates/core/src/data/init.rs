@@ -562,6 +562,17 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
             writeln!(y, "    {}: {tr}", yaml_name(t)).unwrap();
         }
     }
+    if features
+        .iter()
+        .any(|f| !categorical.contains(f) && Some(f) != date.as_ref())
+    {
+        let n = crate::config::defaults::NUMERIC_BINS;
+        writeln!(
+            y,
+            "  # Each numeric feature also enters as {n} piecewise-linear bins at the training split's\n  # quantiles (`<column>.bin<i>`): the thresholds a tree would find. 0 turns them off.\n  numeric_bins: {n}"
+        )
+        .unwrap();
+    }
     if missing > 0 {
         writeln!(
             y,

@@ -333,6 +333,11 @@ pub enum OnnxError {
         "feature `{0}` is a date column (data.dates): the ONNX graph has no date parser, so kiln refuses to export it (serve it with `kiln serve` or `kiln predict`, or give the model the date parts as numeric columns)"
     )]
     DateFeature(String),
+    /// A feature is binned (`data.numeric_bins`), an encoding the graph does not build.
+    #[error(
+        "feature `{0}` is binned (data.numeric_bins): the ONNX graph does not build the piecewise-linear bins, so kiln refuses to export it (serve it with `kiln serve` or `kiln predict`, or train without data.numeric_bins)"
+    )]
+    BinnedFeature(String),
 }
 
 /// What [`export_file`] wrote.
@@ -767,6 +772,15 @@ pub fn export_file(checkpoint: &Path, out: &Path) -> Result<OnnxSummary, OnnxErr
         .find(|c| c.date.is_some())
     {
         return Err(OnnxError::DateFeature(c.name.clone()));
+    }
+    if let Some(c) = ckpt
+        .manifest
+        .input_preprocessing()
+        .inputs
+        .iter()
+        .find(|c| c.bins.is_some())
+    {
+        return Err(OnnxError::BinnedFeature(c.name.clone()));
     }
     let model = model_proto(&ckpt);
     let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
