@@ -12,7 +12,7 @@ use crate::common::{kiln, kiln_env, only_run, stderr, stdout};
 
 /// Rows: `part` (0 train, 1 validation, 2 test), features `a`, `b`, and `y = sin(3a) + b² +
 /// noise`.
-fn table(path: &Path, rows: usize) -> Vec<(usize, f64, f64, f64)> {
+pub(crate) fn table(path: &Path, rows: usize) -> Vec<(usize, f64, f64, f64)> {
     let mut state = 4242u64;
     let mut next = || {
         state = state
@@ -37,7 +37,7 @@ fn table(path: &Path, rows: usize) -> Vec<(usize, f64, f64, f64)> {
     out
 }
 
-fn config(dir: &Path, data: &Path, model: &str) -> PathBuf {
+pub(crate) fn config(dir: &Path, data: &Path, model: &str) -> PathBuf {
     let text = format!(
         "name: members
 seed: 9
@@ -144,7 +144,11 @@ fn a_packed_ensemble_exports_one_plain_network_that_serves_its_members_mean() {
 }
 
 /// `kiln predict` on `rows` of `t.csv`: (y, predicted mean, predicted std) per row.
-fn predicted(dir: &Path, ckpt: &Path, rows: &[&(usize, f64, f64, f64)]) -> Vec<(f64, f64, f64)> {
+pub(crate) fn predicted(
+    dir: &Path,
+    ckpt: &Path,
+    rows: &[&(usize, f64, f64, f64)],
+) -> Vec<(f64, f64, f64)> {
     let input = dir.join("rows.csv");
     let mut text = String::from("a,b\n");
     for r in rows {

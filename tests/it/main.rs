@@ -3,6 +3,7 @@
 //! the code in each crate.
 
 mod architecture;
+mod bins;
 mod calibration;
 mod cells;
 mod common;

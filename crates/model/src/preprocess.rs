@@ -667,4 +667,59 @@ mod tests {
         let old: InputColumn = serde_json::from_str(r#"{"name": "a"}"#).unwrap();
         assert_eq!(old, InputColumn::numeric("a"));
     }
+
+    #[test]
+    fn a_binned_column_adds_its_piecewise_linear_bins_after_its_value() {
+        // Quantiles of 0..=8 at 0, ¼, ½, ¾, 1: 0, 2, 4, 6, 8; repeated edges are dropped, and
+        // a column with fewer than 3 distinct edges gets no bins.
+        let mut v: Vec<f64> = (0..=8).rev().map(f64::from).collect();
+        assert_eq!(bin_edges(&mut v, 4).unwrap(), vec![0.0, 2.0, 4.0, 6.0, 8.0]);
+        let mut v = vec![1.0, 1.0, 1.0, 5.0];
+        assert_eq!(bin_edges(&mut v, 4).unwrap(), vec![1.0, 2.0, 5.0]);
+        assert_eq!(bin_edges(&mut [3.0, 3.0, 3.0], 8), None);
+        assert_eq!(bin_edges(&mut [], 8), None);
+
+        let edges = vec![0.0, 2.0, 4.0, 6.0];
+        let enc = |x: f64| {
+            let mut out = Vec::new();
+            push_bins(&edges, x, &mut out);
+            out
+        };
+        assert_eq!(enc(3.0), vec![1.0, 0.5, 0.0]);
+        assert_eq!(enc(0.0), vec![0.0, 0.0, 0.0]);
+        // Outside the training range the first bin goes below 0 and the last above 1.
+        assert_eq!(enc(-1.0), vec![-0.5, 0.0, 0.0]);
+        assert_eq!(enc(9.0), vec![1.0, 1.0, 2.5]);
+
+        // In a row: the value, its bins, then the indicator; a missing cell's imputed value
+        // is binned like any other.
+        let p = Preprocessing {
+            inputs: vec![
+                InputColumn {
+                    bins: Some(edges.clone()),
+                    impute: Some(5.0),
+                    indicator: true,
+                    ..InputColumn::numeric("x")
+                },
+                InputColumn::numeric("z"),
+            ],
+            ..Preprocessing::default()
+        };
+        assert!(!p.is_plain());
+        assert_eq!(p.n_features(), 6);
+        assert_eq!(
+            p.network_features(),
+            vec!["x", "x.bin0", "x.bin1", "x.bin2", "z", "x_missing"]
+        );
+        let mut out = Vec::new();
+        p.push_row(&["3", "7"], &mut out, &locate).unwrap();
+        p.push_row(&["", "7"], &mut out, &locate).unwrap();
+        assert_eq!(
+            out,
+            vec![3.0, 1.0, 0.5, 0.0, 7.0, 0.0, 5.0, 1.0, 1.0, 0.5, 7.0, 1.0]
+        );
+        // The edges travel in the checkpoint; an older checkpoint's column has none.
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<Preprocessing>(&text).unwrap(), p);
+    }
 }

@@ -1,0 +1,102 @@
+//! Piecewise-linear bins (`data.numeric_bins`): each numeric feature enters beside its value
+//! as one input per bin at the training split's quantiles. The network's features are named
+//! `<column>.bin<i>`, `kiln predict` encodes raw rows the same way training did (its test
+//! RMSE is the manifest's), ONNX export refuses a binned feature by name, and a bad value is
+//! refused by key.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::common::{kiln, stderr, stdout};
+use crate::ensemble::{config, predicted, table};
+
+fn binned(dir: &Path, data: &Path, bins: &str) -> PathBuf {
+    let cfg = config(dir, data, "  hidden: [16, 16]");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "  targets: [y]",
+        &format!("  targets: [y]\n  numeric_bins: {bins}"),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+#[test]
+fn binned_features_train_predict_like_training_and_are_refused_by_onnx() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("t.csv");
+    let rows = table(&data, 600);
+    let cfg = binned(tmp.path(), &data, "4");
+    let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+
+    // The network sees each value and its four bins.
+    let loaded = kiln::artifact::Checkpoint::load(&ckpt).unwrap();
+    let pre = loaded.manifest.input_preprocessing();
+    assert_eq!(
+        pre.network_features(),
+        [
+            "a", "a.bin0", "a.bin1", "a.bin2", "a.bin3", "b", "b.bin0", "b.bin1", "b.bin2",
+            "b.bin3"
+        ]
+    );
+    assert_eq!(loaded.weights.arch.n_features, 10);
+    let edges = pre.inputs[0].bins.as_ref().unwrap();
+    assert_eq!(edges.len(), 5);
+    assert!(edges.windows(2).all(|w| w[0] < w[1]), "{edges:?}");
+    // The edges are the training split's: its smallest and largest `a`.
+    let train_a: Vec<f64> = rows.iter().filter(|r| r.0 == 0).map(|r| r.1).collect();
+    let (lo, hi) = train_a
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+    assert!(
+        (edges[0] - lo).abs() < 1e-5 && (edges[4] - hi).abs() < 1e-5,
+        "{edges:?}"
+    );
+
+    // `kiln predict` on raw test rows gives the manifest's test RMSE.
+    let test: Vec<_> = rows.iter().filter(|r| r.0 == 2).collect();
+    let p = predicted(tmp.path(), &ckpt, &test);
+    let rmse = (p.iter().map(|(y, m, _)| (y - m).powi(2)).sum::<f64>() / p.len() as f64).sqrt();
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("manifest.json")).unwrap()).unwrap();
+    let reported = manifest["metrics"]["test"]["targets"][0]["rmse_model"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (reported / rmse - 1.0).abs() < 1e-3,
+        "manifest test RMSE {reported} vs {rmse} from kiln predict"
+    );
+    assert!(rmse < 0.3, "test RMSE {rmse}");
+
+    let onnx = tmp.path().join("m.onnx");
+    let o = kiln(&[
+        "export",
+        "onnx",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--out",
+        onnx.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("feature `a` is binned (data.numeric_bins)"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!onnx.exists());
+
+    for bad in ["1", "65"] {
+        let cfg = binned(tmp.path(), &data, bad);
+        let o = kiln(&["config", "check", cfg.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "invalid value for `data.numeric_bins`: expected 0 (no bins) or 2 to 64 bins, got {bad}"
+            )),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
