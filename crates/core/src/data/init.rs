@@ -1055,6 +1055,8 @@ mod tests {
         assert_eq!(cfg.name, "shop_sales");
         let d = crate::data::Dataset::load(&cfg.data).unwrap();
         // The starter imputes every feature; only the column with holes gets an indicator.
+        // `price` (7 values) also gets its bins (8 asked, 6 distinct); the 0/1 `promo` none.
+        assert_eq!(cfg.data.numeric_bins, crate::config::defaults::NUMERIC_BINS);
         assert_eq!(
             d.features,
             vec![
@@ -1062,6 +1064,12 @@ mod tests {
                 "store=s1",
                 "store=s2",
                 "price",
+                "price.bin0",
+                "price.bin1",
+                "price.bin2",
+                "price.bin3",
+                "price.bin4",
+                "price.bin5",
                 "promo",
                 "promo_missing"
             ]
