@@ -217,8 +217,18 @@ fn a_registry_that_stays_away_is_named_with_the_missing_epochs_at_the_end() {
         .lines()
         .find(|l| l.contains("missing from the registry"))
         .unwrap_or_else(|| panic!("no missing-rows line in {err}"));
+    // Every row the registry lacks is named. One more may be: a row whose statement the
+    // server committed as it dropped the connection, before the client saw the answer (the
+    // client cannot tell it from a lost one; an upsert would rewrite it if the server came
+    // back).
+    let named: usize = line
+        .split(" epoch row(s)")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {line}"));
     assert!(
-        line.contains(&format!("{} epoch row(s)", logged - rows)),
+        named == logged - rows || named == logged - rows + 1,
         "{line} ({rows} of {logged} recorded)"
     );
     assert!(line.contains("stage 0 epoch"), "{line}");
