@@ -1,14 +1,16 @@
 //! Piecewise-linear bins (`data.numeric_bins`): each numeric feature enters beside its value
 //! as one input per bin at the training split's quantiles. The network's features are named
 //! `<column>.bin<i>`, `kiln predict` encodes raw rows the same way training did (its test
-//! RMSE is the manifest's), ONNX export refuses a binned feature by name, and a bad value is
-//! refused by key.
+//! RMSE is the manifest's), `kiln serve` answers raw columns as `kiln predict` does, ONNX
+//! export refuses a binned feature by name, and a bad value is refused by key.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::common::{kiln, stderr, stdout};
+use serde_json::json;
+
+use crate::common::{client, copy_dir, kiln, serve, serve_config, stderr, stdout};
 use crate::ensemble::{config, predicted, table};
 
 fn binned(dir: &Path, data: &Path, bins: &str) -> PathBuf {
@@ -21,8 +23,8 @@ fn binned(dir: &Path, data: &Path, bins: &str) -> PathBuf {
     cfg
 }
 
-#[test]
-fn binned_features_train_predict_like_training_and_are_refused_by_onnx() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binned_features_train_predict_and_serve_like_training_and_are_refused_by_onnx() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("t.csv");
     let rows = table(&data, 600);
@@ -69,6 +71,38 @@ fn binned_features_train_predict_like_training_and_are_refused_by_onnx() {
         "manifest test RMSE {reported} vs {rmse} from kiln predict"
     );
     assert!(rmse < 0.3, "test RMSE {rmse}");
+
+    // kiln serve takes the raw columns and bins them as kiln predict did.
+    let repo = tempfile::tempdir().unwrap();
+    copy_dir(&ckpt, &repo.path().join("binned").join("1"));
+    let h = serve(serve_config(repo.path(), "fused")).await;
+    let mut c = client(&h);
+    let first: Vec<_> = test.iter().take(4).collect();
+    let body = json!({"inputs": [
+        {"name": "a", "datatype": "FP32", "shape": [4], "data": first.iter().map(|r| format!("{:.5}", r.1).parse::<f64>().unwrap()).collect::<Vec<_>>()},
+        {"name": "b", "datatype": "FP32", "shape": [4], "data": first.iter().map(|r| format!("{:.5}", r.2).parse::<f64>().unwrap()).collect::<Vec<_>>()},
+    ]});
+    let r = c.post_json("/v2/models/binned/infer", &body).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let served: Vec<f64> = r.json()["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "mean")
+        .unwrap()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(served.len(), 4);
+    for (s, (_, m, _)) in served.iter().zip(&p) {
+        assert!(
+            (s - m).abs() <= 1e-6 * m.abs().max(1.0),
+            "served {s} vs predicted {m}"
+        );
+    }
+    h.shutdown().await.unwrap();
 
     let onnx = tmp.path().join("m.onnx");
     let o = kiln(&[
