@@ -104,48 +104,22 @@ impl RegressionNetConfig {
     /// anything on the stream): refusing it here makes the mistake fail on every backend, in
     /// the CPU tests too, instead of only on a GPU.
     pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> RegressionNet<B> {
-        assert!(
-            self.layer_shapes().iter().all(|&(i, o)| i > 0 && o > 0),
-            "a RegressionNet with a zero-sized layer ({:?}) would create zero-element device \
-             tensors (CubeCL's CUDA runtime rejects them: UnsupportedStrides)",
-            self.layer_shapes()
-        );
-        let mut rng = SplitMix64::derive(seed, &[INIT_STREAM]);
-        let mut layers: Vec<Linear<B>> = self
-            .layer_shapes()
-            .into_iter()
-            .map(|(i, o)| {
-                let bound = 1.0 / (i as f64).sqrt();
-                let w: Vec<f32> = (0..i * o)
-                    .map(|_| rng.uniform(-bound, bound) as f32)
-                    .collect();
-                let b: Vec<f32> = (0..o).map(|_| rng.uniform(-bound, bound) as f32).collect();
-                linear_from(w, b, i, o, device)
-            })
-            .collect();
-        let logvar_head = layers.pop().expect("two heads");
-        let mean_head = layers.pop().expect("two heads");
-        RegressionNet {
-            backbone: layers,
-            mean_head,
-            logvar_head,
-            activation: self.activation,
-            members: 1,
-        }
+        self.init_members(seed, 1, device)
     }
 
     /// Build a packed ensemble of `members` independent networks on `device`, weights drawn
     /// from `seed`. `self` is the packed architecture: every hidden width is `members` times a
-    /// member's width (see [`RegressionNet::members`] for the layout). One member is
-    /// [`Self::init`], bit for bit.
+    /// member's width (see [`RegressionNet::members`] for the layout). One member is the plain
+    /// network of [`Self::init`].
     ///
     /// Each member's layers get `nn.Linear`'s default for the member's own fan-in; the weights
     /// between members are zero (and stay zero: training masks them). The log-variance head is
     /// one dense layer over every member's features.
     ///
     /// # Panics
-    /// When `members` is 0 or does not divide every hidden width (config validation refuses
-    /// both), or on a zero-sized layer (see [`Self::init`]).
+    /// When `members` is 0 or does not divide every hidden width, when an ensemble has no
+    /// hidden layer (config validation refuses each), or on a zero-sized layer (see
+    /// [`Self::init`]).
     pub fn init_members<B: Backend>(
         &self,
         seed: u64,
@@ -157,43 +131,39 @@ impl RegressionNetConfig {
             "{members} members do not divide the hidden widths {:?}",
             self.hidden
         );
-        if members == 1 {
-            return self.init(seed, device);
-        }
         assert!(
-            !self.hidden.is_empty(),
+            members == 1 || !self.hidden.is_empty(),
             "an ensemble's members are told apart by their hidden layers: it needs one"
         );
+        let shapes = self.layer_shapes();
         assert!(
-            self.layer_shapes().iter().all(|&(i, o)| i > 0 && o > 0),
-            "a RegressionNet with a zero-sized layer ({:?}) would create zero-element device \
-             tensors (CubeCL's CUDA runtime rejects them: UnsupportedStrides)",
-            self.layer_shapes()
+            shapes.iter().all(|&(i, o)| i > 0 && o > 0),
+            "a RegressionNet with a zero-sized layer ({shapes:?}) would create zero-element \
+             device tensors (CubeCL's CUDA runtime rejects them: UnsupportedStrides)"
         );
         let mut rng = SplitMix64::derive(seed, &[INIT_STREAM]);
-        let shapes = self.layer_shapes();
         let last = shapes.len() - 1;
         let mut layers: Vec<Linear<B>> = shapes
             .into_iter()
             .enumerate()
             .map(|(l, (i, o))| {
-                // The first layer reads the shared input (dense); the hidden layers and the
-                // mean head are block-diagonal, member by member; the log-variance head is
-                // dense over all members' features.
-                let (block_in, block_out) = match l {
-                    0 => (i, o / members),
-                    l if l == last => (i, o),
-                    l if l == last - 1 => (i / members, o),
-                    _ => (i / members, o / members),
+                // The first layer reads the shared input and the log-variance head every
+                // member's features (dense, whole fan-in); the mean head is each member's own
+                // rows (dense, a member's fan-in); the hidden layers between are
+                // block-diagonal, member by member. Weights row-major, then biases: one member
+                // draws exactly the plain network's sequence.
+                let (fan_in, blocks) = match l {
+                    0 => (i, false),
+                    l if l == last => (i, false),
+                    l if l + 1 == last => (i / members, false),
+                    _ => (i / members, true),
                 };
-                let mean_head = l + 1 == last;
-                let bound = 1.0 / (block_in as f64).sqrt();
+                let (bi, bo) = (i / members, o / members);
+                let bound = 1.0 / (fan_in as f64).sqrt();
                 let mut w = vec![0f32; i * o];
-                for r in 0..i {
-                    for c in 0..o {
-                        if l == 0 || l == last || mean_head || r / block_in == c / block_out {
-                            w[r * o + c] = rng.uniform(-bound, bound) as f32;
-                        }
+                for (e, v) in w.iter_mut().enumerate() {
+                    if !blocks || (e / o) / bi == (e % o) / bo {
+                        *v = rng.uniform(-bound, bound) as f32;
                     }
                 }
                 let b: Vec<f32> = (0..o).map(|_| rng.uniform(-bound, bound) as f32).collect();
@@ -526,20 +496,39 @@ mod tests {
         t.into_data().convert::<f32>().to_vec().unwrap()
     }
 
+    /// One network draws `nn.Linear`'s default in layer order (weights row-major, then
+    /// biases) from the seed's stream: the sequence every earlier kiln drew, so a config
+    /// without `ensemble` starts from the weights it always did.
     #[test]
     fn one_member_is_the_plain_network_bit_for_bit() {
         let cfg = RegressionNetConfig::reference();
         let d = Default::default();
-        let a = cfg.init::<Flex>(7, &d);
-        let b = cfg.init_members::<Flex>(7, 1, &d);
-        assert_eq!(b.members, 1);
-        for (x, y) in a.backbone.iter().zip(&b.backbone) {
-            assert_eq!(x.weight.val().into_data(), y.weight.val().into_data());
+        let net = cfg.init::<Flex>(7, &d);
+        assert_eq!(net.members, 1);
+        let mut rng = SplitMix64::derive(7, &[INIT_STREAM]);
+        let layers: Vec<&Linear<Flex>> = net
+            .backbone
+            .iter()
+            .chain([&net.mean_head, &net.logvar_head])
+            .collect();
+        for (l, (i, o)) in layers.iter().zip(cfg.layer_shapes()) {
+            let bound = 1.0 / (i as f64).sqrt();
+            let w: Vec<f32> = (0..i * o)
+                .map(|_| rng.uniform(-bound, bound) as f32)
+                .collect();
+            let b: Vec<f32> = (0..o).map(|_| rng.uniform(-bound, bound) as f32).collect();
+            assert_eq!(host(l.weight.val()), w);
+            assert_eq!(
+                l.bias
+                    .as_ref()
+                    .unwrap()
+                    .val()
+                    .into_data()
+                    .to_vec::<f32>()
+                    .unwrap(),
+                b
+            );
         }
-        assert_eq!(
-            a.logvar_head.bias.unwrap().val().into_data(),
-            b.logvar_head.bias.unwrap().val().into_data()
-        );
     }
 
     #[test]
