@@ -189,15 +189,13 @@ impl HostWeights {
     /// Copy a network's weights to the host; a packed ensemble's as the plain network that
     /// serves it (see [`RegressionNet::folded`]).
     pub fn from_model<B: Backend>(model: &RegressionNet<B>) -> Self {
-        let mut mean_head = linear_to_host(&model.mean_head);
         if model.members > 1 {
-            let scale = (1.0 / model.members as f64) as f32;
-            mean_head.w.iter_mut().for_each(|w| *w *= scale);
+            return Self::from_model(&model.clone().folded());
         }
         Self {
             arch: model.architecture(),
             backbone: model.backbone.iter().map(linear_to_host).collect(),
-            mean_head,
+            mean_head: linear_to_host(&model.mean_head),
             logvar_head: linear_to_host(&model.logvar_head),
         }
     }
