@@ -260,6 +260,10 @@ fn ensemble_values_are_refused_by_key() {
             "invalid value for `model.ensemble`: a distilled student is one network",
         ),
         (
+            "  hidden: [1152921504606846976]\n  ensemble: 16",
+            "invalid value for `model.hidden[0]`: expected a width in 1..=4096 (16 ensemble members side by side), got 1152921504606846976",
+        ),
+        (
             "  hidden: [8000]\n  ensemble: 16",
             "invalid value for `model.hidden[0]`: expected a width in 1..=4096 (16 ensemble members side by side), got 8000",
         ),

@@ -482,7 +482,7 @@ impl ExperimentConfig {
             );
         }
         for (i, &w) in self.model.hidden.iter().enumerate() {
-            if w == 0 || w * members > 65_536 {
+            if w == 0 || w.saturating_mul(members) > 65_536 {
                 let most = 65_536 / members;
                 let why = match members {
                     1 => String::new(),
