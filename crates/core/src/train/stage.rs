@@ -86,9 +86,16 @@ pub struct StepOutput<B: Backend> {
 }
 
 impl<B: Backend> StepOutput<B> {
-    /// The step's forward pass on `model` for a stage with loss `loss`.
-    pub fn forward(model: &RegressionNet<B>, loss: Loss, x: Tensor<B, 2>) -> Self {
-        if model.members > 1 {
+    /// The step's forward pass on `model` for a stage with loss `loss`; a packed ensemble's
+    /// members' means only when `mean_trainable` (a frozen mean's loss reads the ensemble
+    /// mean alone).
+    pub fn forward(
+        model: &RegressionNet<B>,
+        loss: Loss,
+        mean_trainable: bool,
+        x: Tensor<B, 2>,
+    ) -> Self {
+        if model.members > 1 && mean_trainable {
             let o = model.forward_members(x, loss.reads_log_var());
             return Self {
                 mean: o.mean,

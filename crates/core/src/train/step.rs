@@ -162,16 +162,16 @@ pub fn step<B: AutodiffBackend>(
         (x, y)
     };
     phases.h2d = clock.lap();
+    let mean_trainable = stage.trainable.contains(&Part::MeanHead);
     let out = {
         let _s = crate::prof_span!("forward", shape = ?[rows, ctx.n_features]).entered();
-        let out = StepOutput::forward(trainee.model(), stage.loss, x);
+        let out = StepOutput::forward(trainee.model(), stage.loss, mean_trainable, x);
         profiler::sync::<B>(device);
         out
     };
     phases.forward = clock.lap();
     let (loss, loss_value) = {
         let _s = crate::prof_span!("loss").entered();
-        let mean_trainable = stage.trainable.contains(&Part::MeanHead);
         let loss = if y.dims()[1] > ctx.n_targets {
             distill_loss(stage.loss, ctx.alpha, mean_trainable, out, y, w)
         } else {
