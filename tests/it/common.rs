@@ -498,3 +498,47 @@ pub async fn infer_binary(
     .await
     .unwrap()
 }
+
+/// `kiln export onnx` of `ckpt` into `dir/m.onnx`, which must be refused with exit 2, the
+/// error containing `message`, and no file written.
+pub fn onnx_refused(ckpt: &str, dir: &Path, message: &str) {
+    let onnx = dir.join("m.onnx");
+    let o = kiln(&[
+        "export",
+        "onnx",
+        "--checkpoint",
+        ckpt,
+        "--out",
+        onnx.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(message), "{}", stderr(&o));
+    assert!(!onnx.exists());
+}
+
+/// The `data` of output `name` in a KServe v2 JSON answer.
+pub fn output_data(answer: &serde_json::Value, name: &str) -> Vec<f64> {
+    answer["outputs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no outputs in {answer}"))
+        .iter()
+        .find(|o| o["name"] == name)
+        .unwrap_or_else(|| panic!("no output {name} in {answer}"))["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+/// A seeded stream of uniforms in (0, 1) (a 64-bit LCG's high bits): the tests' synthetic
+/// tables.
+pub fn uniforms(seed: u64) -> impl FnMut() -> f64 {
+    let mut state = seed;
+    move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) as f64 + 0.5) / (1u64 << 31) as f64
+    }
+}

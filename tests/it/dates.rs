@@ -155,16 +155,9 @@ async fn date_parts_are_features_read_alike_by_train_predict_and_serve() {
     ]});
     let r = c.post_json("/v2/models/dates/infer", &body).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    let served: Vec<f32> = r.json()["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["name"] == "mean")
-        .unwrap()["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap() as f32)
+    let served: Vec<f32> = crate::common::output_data(&r.json(), "mean")
+        .into_iter()
+        .map(|v| v as f32)
         .collect();
     assert_eq!(served, pred, "serve reads dates as kiln predict does");
     let body = json!({"inputs": [
@@ -181,22 +174,7 @@ async fn date_parts_are_features_read_alike_by_train_predict_and_serve() {
     h.shutdown().await.unwrap();
 
     // ONNX cannot parse a date: refused by name.
-    let onnx = tmp.path().join("m.onnx");
-    let o = kiln(&[
-        "export",
-        "onnx",
-        "--checkpoint",
-        &ckpt,
-        "--out",
-        onnx.to_str().unwrap(),
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("feature `day` is a date column"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(!onnx.exists());
+    crate::common::onnx_refused(&ckpt, tmp.path(), "feature `day` is a date column");
 }
 
 #[test]

@@ -13,13 +13,7 @@ use crate::common::{kiln, kiln_env, only_run, stderr, stdout};
 /// Rows: `part` (0 train, 1 validation, 2 test), features `a`, `b`, and `y = sin(3a) + b² +
 /// noise`.
 pub(crate) fn table(path: &Path, rows: usize) -> Vec<(usize, f64, f64, f64)> {
-    let mut state = 4242u64;
-    let mut next = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((state >> 33) as f64 + 0.5) / (1u64 << 31) as f64
-    };
+    let mut next = crate::common::uniforms(4242);
     let mut out = Vec::with_capacity(rows);
     let mut text = String::from("part,a,b,y\n");
     for i in 0..rows {

@@ -110,6 +110,23 @@ fn run_on<B: burn::tensor::backend::AutodiffBackend>(
     train::<B>(&job, device).expect("training runs").outcome
 }
 
+/// `loaded` trained from scratch on the CPU and on wgpu, each in a fresh run under `root`.
+fn cpu_and_wgpu(
+    loaded: &LoadedConfig,
+    root: &Path,
+    device: &burn::backend::wgpu::WgpuDevice,
+) -> (TrainOutcome, TrainOutcome) {
+    let cpu = run_on::<kiln_core::backend::TrainCpu>(
+        loaded,
+        fresh_run(root, loaded),
+        false,
+        None,
+        &Default::default(),
+    );
+    let gpu = run_on::<Autodiff<WgpuF32>>(loaded, fresh_run(root, loaded), false, None, device);
+    (cpu, gpu)
+}
+
 fn fresh_run(root: &Path, loaded: &LoadedConfig) -> RunDir {
     let run = RunDir::create(root, &loaded.config.name).unwrap();
     std::fs::write(run.config_file(), loaded.text.as_bytes()).unwrap();
@@ -147,14 +164,7 @@ fn training_every_stage_and_resume_on_wgpu_agree_with_the_cpu() {
     let loaded = config(tmp.path());
     let root = tmp.path().join("runs");
 
-    let cpu = run_on::<kiln_core::backend::TrainCpu>(
-        &loaded,
-        fresh_run(&root, &loaded),
-        false,
-        None,
-        &Default::default(),
-    );
-    let gpu = run_on::<Autodiff<WgpuF32>>(&loaded, fresh_run(&root, &loaded), false, None, &device);
+    let (cpu, gpu) = cpu_and_wgpu(&loaded, &root, &device);
 
     // The stages ran as configured on both: early stopping after 3 epochs, then 2 and 1.
     for o in [&cpu, &gpu] {
@@ -200,14 +210,7 @@ fn a_packed_ensemble_trains_on_wgpu_as_on_the_cpu() {
     let tmp = tempfile::tempdir().unwrap();
     let loaded = config_with(tmp.path(), "  ensemble: 3");
     let root = tmp.path().join("runs");
-    let cpu = run_on::<kiln_core::backend::TrainCpu>(
-        &loaded,
-        fresh_run(&root, &loaded),
-        false,
-        None,
-        &Default::default(),
-    );
-    let gpu = run_on::<Autodiff<WgpuF32>>(&loaded, fresh_run(&root, &loaded), false, None, &device);
+    let (cpu, gpu) = cpu_and_wgpu(&loaded, &root, &device);
     assert_close(
         "wgpu vs cpu, 3 members",
         test_report(&cpu),
