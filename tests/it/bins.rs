@@ -100,6 +100,16 @@ async fn binned_features_train_predict_and_serve_like_training_and_are_refused_b
         "feature `a` is binned (data.numeric_bins)",
     );
 
+    // `--set` reaches the key in a config that leaves it out.
+    let plain = config(tmp.path(), &data, "  hidden: [16, 16]");
+    let o = kiln(&[
+        "config",
+        "check",
+        plain.to_str().unwrap(),
+        "--set",
+        "data.numeric_bins=8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
     for bad in ["1", "65"] {
         let cfg = binned(tmp.path(), &data, bad);
         let o = kiln(&["config", "check", cfg.to_str().unwrap()]);

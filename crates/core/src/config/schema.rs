@@ -481,8 +481,9 @@ pub struct DataConfig {
     /// bins at the training split's quantiles, each one more network input beside the value
     /// (`<column>.bin<i>`); the same encoding runs at predict and serve time. 0 (the
     /// default): the values alone. A column with fewer than 3 distinct bin edges keeps its
-    /// value alone.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    /// value alone. Always serialised, so that `--set data.numeric_bins=N` reaches a config
+    /// that leaves it out.
+    #[serde(default)]
     pub numeric_bins: usize,
     /// A missing feature cell at predict and serve time in a column whose training split had
     /// none (`impute`, the default: the training split's median for a numeric column, the
@@ -759,10 +760,6 @@ pub struct ModelConfig {
 
 fn one_member() -> usize {
     1
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 fn default_hidden() -> Vec<usize> {
