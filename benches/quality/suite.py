@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Quality benchmark: the model `kiln init` configures against gradient boosting and ridge.
 
-    suite.py KILN OUT.json [--role tune|check|fresh|all] [--only a,b] [--set KEY=VALUE ...]
+    suite.py KILN OUT.json [--role tune|check|fresh|fresh2|all] [--only a,b] [--set KEY=VALUE ...]
              [--anchors CACHE.json] [--seeds 7,8] [--tables DIR] [--work DIR] [--jobs N]
 
 For each table of DIR/tables.json (built by tables.py when missing) every method fits the
@@ -293,7 +293,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("kiln", help="kiln binary")
     ap.add_argument("out", help="results JSON")
-    ap.add_argument("--role", default="all", choices=["tune", "check", "fresh", "all"])
+    ap.add_argument("--role", default="all", choices=["tune", "check", "fresh", "fresh2", "all"])
     ap.add_argument("--only", default="", help="comma-separated table names")
     ap.add_argument("--set", action="append", default=[], dest="overrides",
                     help="a `kiln train --set` override applied to every table (repeatable)")
@@ -341,7 +341,7 @@ def main():
         results.append(dict(name=spec["name"], role=spec["role"], rows=spec["rows"],
                             split=spec["split"], methods=methods))
     summary = {}
-    for role in ("tune", "check", "fresh"):
+    for role in ("tune", "check", "fresh", "fresh2"):
         part = [r for r in results if r["role"] == role]
         if part:
             print(f"\n=== {role} tables ===")

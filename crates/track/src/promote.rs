@@ -1256,7 +1256,10 @@ fn promote_and_record(
         }
     };
     let loaded = config::load(&config_path)?;
-    let mut data_cfg = loaded.config.data.clone();
+    let mut data_cfg = loaded
+        .config
+        .data
+        .as_trained(cand.manifest.preprocessing.as_ref());
     match &opts.data {
         Some(p) => data_cfg.path = p.clone(),
         None => {

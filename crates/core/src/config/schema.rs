@@ -65,6 +65,10 @@ pub struct ExperimentConfig {
     /// other seeds' test tables.
     #[serde(skip)]
     pub seed_spread_pass: Option<SeedSpreadPass>,
+    /// Set by the trainer on the run's own copy of the config (never in YAML) once
+    /// `data.numeric_bins: auto` has chosen: the candidates, for the manifest.
+    #[serde(skip)]
+    pub numeric_bins_pass: Option<kiln_model::records::metrics::NumericBinsChoice>,
     /// Post-hoc recalibration of the variance head on the validation split (absent: none);
     /// see [`Calibration`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -105,6 +109,95 @@ fn default_seed_spread() -> usize {
 
 fn is_one(n: &usize) -> bool {
     *n == 1
+}
+
+/// `data.numeric_bins`: a bin count, or `auto`.
+///
+/// `auto` trains the config's stages up to its last `mse` stage (all of them when none is)
+/// twice on the same rows, once with [`defaults::NUMERIC_BINS`](super::defaults::NUMERIC_BINS)
+/// bins and once without, each in its own run directory (`<run>/numeric-bins/bins-<n>/`);
+/// then the run itself trains with whichever reached the lower validation loss (a tie keeps
+/// the values alone), and its manifest records both (`metrics.numeric_bins`). Bins help where
+/// a feature acts through thresholds and cost accuracy on small near-linear tables, and which
+/// one a table is shows on its own validation rows (`benches/quality/README.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumericBins {
+    /// This many bins (0: none).
+    Fixed(usize),
+    /// The validation split chooses between the default bins and none.
+    Auto,
+}
+
+impl Default for NumericBins {
+    /// No bins: a config without the key trains on the values alone.
+    fn default() -> Self {
+        Self::Fixed(0)
+    }
+}
+
+impl NumericBins {
+    /// The candidates `auto` trains, the bins first.
+    pub const AUTO_CANDIDATES: [usize; 2] = [super::defaults::NUMERIC_BINS, 0];
+
+    /// The bins a dataset is read with: the count, or for `auto` the most any candidate
+    /// uses (a candidate with fewer drops them, see `Dataset::without_bins`).
+    pub fn read_with(self) -> usize {
+        match self {
+            Self::Fixed(n) => n,
+            Self::Auto => Self::AUTO_CANDIDATES[0],
+        }
+    }
+}
+
+impl std::fmt::Display for NumericBins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fixed(n) => write!(f, "{n}"),
+            Self::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+impl Serialize for NumericBins {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Fixed(n) => s.serialize_u64(*n as u64),
+            Self::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for NumericBins {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = NumericBins;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a bin count (0, or 2 to 64) or `auto`")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<NumericBins, E> {
+                usize::try_from(v)
+                    .map(NumericBins::Fixed)
+                    .map_err(|_| E::custom(format!("{v} bins is too many")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<NumericBins, E> {
+                match u64::try_from(v) {
+                    Ok(u) => self.visit_u64(u),
+                    Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(v), &self)),
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<NumericBins, E> {
+                match v.trim() {
+                    "auto" => Ok(NumericBins::Auto),
+                    t => match t.parse::<u64>() {
+                        Ok(u) => self.visit_u64(u),
+                        Err(_) => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                    },
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// What the exported pass of a `seed_spread` run knows of the other seeds' passes.
@@ -480,11 +573,12 @@ pub struct DataConfig {
     /// Piecewise-linear bins for every numeric feature (not categorical, not a date): `n`
     /// bins at the training split's quantiles, each one more network input beside the value
     /// (`<column>.bin<i>`); the same encoding runs at predict and serve time. 0 (the
-    /// default): the values alone. A column with fewer than 3 distinct bin edges keeps its
-    /// value alone. Always serialised, so that `--set data.numeric_bins=N` reaches a config
-    /// that leaves it out.
+    /// default): the values alone; `auto`: the validation split chooses (see
+    /// [`NumericBins`]). A column with fewer than 3 distinct bin edges keeps its value
+    /// alone. Always serialised, so that `--set data.numeric_bins=N` reaches a config that
+    /// leaves it out.
     #[serde(default)]
-    pub numeric_bins: usize,
+    pub numeric_bins: NumericBins,
     /// A missing feature cell at predict and serve time in a column whose training split had
     /// none (`impute`, the default: the training split's median for a numeric column, the
     /// unknown bucket for a categorical one; `refuse`: an error naming the row and column).
@@ -517,6 +611,26 @@ pub struct DataConfig {
 }
 
 impl DataConfig {
+    /// The config as it read the rows a checkpoint with `preprocessing` was trained on:
+    /// `numeric_bins: auto` becomes the count its run chose (the default bins when any input
+    /// is binned, else none); a fixed count stays. Code that re-reads a run's data to feed
+    /// its checkpoint (the gate, `kiln pick evaluate`) reads it through this.
+    pub fn as_trained(
+        &self,
+        preprocessing: Option<&kiln_model::preprocess::Preprocessing>,
+    ) -> Self {
+        let mut cfg = self.clone();
+        if cfg.numeric_bins == NumericBins::Auto {
+            let binned = preprocessing.is_some_and(|p| p.inputs.iter().any(|c| c.bins.is_some()));
+            cfg.numeric_bins = NumericBins::Fixed(if binned {
+                NumericBins::AUTO_CANDIDATES[0]
+            } else {
+                0
+            });
+        }
+        cfg
+    }
+
     /// The columns a training run reads: features, targets, the weight column and the split
     /// column (none for a random split). Every other column of the file is skipped by the
     /// reader (see [`crate::data::table::CsvTable::read_file_columns`]).

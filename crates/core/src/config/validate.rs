@@ -129,11 +129,10 @@ impl ExperimentConfig {
                 "expected at least one target column".into(),
             );
         }
-        let bins = self.data.numeric_bins;
-        if bins == 1 || bins > 64 {
+        if let super::NumericBins::Fixed(bins @ (1 | 65..)) = self.data.numeric_bins {
             return bad(
                 "data.numeric_bins".into(),
-                format!("expected 0 (no bins) or 2 to 64 bins, got {bins}"),
+                format!("expected 0 (no bins), 2 to 64 bins or `auto`, got {bins}"),
             );
         }
         for (list, key) in [

@@ -502,13 +502,14 @@ impl Dataset {
                     .collect();
                 col.fallback = median(&mut seen);
             }
-            if !cat && cfg.numeric_bins > 0 {
+            let n_bins = cfg.numeric_bins.read_with();
+            if !cat && n_bins > 0 {
                 // Bins at the training split's quantiles of the values it has.
                 let mut seen: Vec<f64> = cells()
                     .filter_map(|c| c.trim().parse::<f64>().ok())
                     .map(|v| f64::from(v as f32))
                     .collect();
-                col.bins = kiln_model::preprocess::bin_edges(&mut seen, cfg.numeric_bins);
+                col.bins = kiln_model::preprocess::bin_edges(&mut seen, n_bins);
             }
             inputs.push(col);
         }
@@ -582,6 +583,35 @@ impl Dataset {
             preprocessing: pre,
             missing_cells,
         })
+    }
+
+    /// The same rows without piecewise-linear bins: each binned column's `<column>.bin<i>`
+    /// inputs dropped and its edges cleared, which is exactly what `data.numeric_bins: 0`
+    /// reads from the same file (the bins are the only inputs they add). `numeric_bins: auto`
+    /// reads the file once, with bins, and trains its no-bins candidate on this.
+    pub fn without_bins(&self) -> Dataset {
+        let pre = &self.preprocessing;
+        let mut keep = Vec::with_capacity(pre.n_features());
+        for c in &pre.inputs {
+            let bins = c.bin_count();
+            keep.extend(std::iter::repeat_n(true, c.width() - bins));
+            keep.extend(std::iter::repeat_n(false, bins));
+        }
+        keep.resize(pre.n_features(), true);
+        let mut out = self.clone();
+        for c in &mut out.preprocessing.inputs {
+            c.bins = None;
+        }
+        out.features = out.preprocessing.network_features();
+        let n = keep.len();
+        for part in [&mut out.train, &mut out.validation, &mut out.test] {
+            part.x = part
+                .x
+                .chunks_exact(n)
+                .flat_map(|row| row.iter().zip(&keep).filter(|(_, k)| **k).map(|(v, _)| *v))
+                .collect();
+        }
+        out
     }
 
     /// What `kiln config check` reports about the data: rows per split, rows left out,

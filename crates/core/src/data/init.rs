@@ -569,7 +569,7 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         let n = crate::config::defaults::NUMERIC_BINS;
         writeln!(
             y,
-            "  # Each numeric feature also enters as {n} piecewise-linear bins at the training split's\n  # quantiles (`<column>.bin<i>`): the thresholds a tree would find. 0 turns them off.\n  numeric_bins: {n}"
+            "  # `auto`: the mean stage trains twice, with each numeric feature also entering as {n}\n  # piecewise-linear bins at the training split's quantiles (`<column>.bin<i>`: the\n  # thresholds a tree would find) and without; the lower validation loss is kept and the\n  # run trains it. {n} or 0 fixes the choice (and trains once).\n  numeric_bins: auto"
         )
         .unwrap();
     }
@@ -1056,7 +1056,7 @@ mod tests {
         let d = crate::data::Dataset::load(&cfg.data).unwrap();
         // The starter imputes every feature; only the column with holes gets an indicator.
         // `price` (7 values) also gets its bins (8 asked, 6 distinct); the 0/1 `promo` none.
-        assert_eq!(cfg.data.numeric_bins, crate::config::defaults::NUMERIC_BINS);
+        assert_eq!(cfg.data.numeric_bins, crate::config::NumericBins::Auto);
         assert_eq!(
             d.features,
             vec![
@@ -1075,6 +1075,32 @@ mod tests {
             ]
         );
         assert!(d.test.rows() > 0 && d.validation.rows() > 0);
+        // `auto` reads the bins; its no-bins candidate drops them and is then exactly what
+        // `numeric_bins: 0` reads from the file (the value, then the indicator).
+        let mut plain = cfg.data.clone();
+        plain.numeric_bins = crate::config::NumericBins::Fixed(0);
+        let p0 = crate::data::Dataset::load(&plain).unwrap();
+        let w = d.without_bins();
+        assert_eq!(w.features, p0.features);
+        assert_eq!(w.preprocessing, p0.preprocessing);
+        for (a, b) in [
+            (&w.train, &p0.train),
+            (&w.validation, &p0.validation),
+            (&w.test, &p0.test),
+        ] {
+            assert_eq!((&a.x, &a.y, &a.source_rows), (&b.x, &b.y, &b.source_rows));
+        }
+        assert_ne!(d.train.x.len(), w.train.x.len());
+        // The gate re-reads a run's rows as its checkpoint was trained on them.
+        let fixed = |pre| cfg.data.as_trained(Some(pre)).numeric_bins;
+        assert_eq!(
+            fixed(&d.preprocessing),
+            crate::config::NumericBins::Fixed(crate::config::defaults::NUMERIC_BINS)
+        );
+        assert_eq!(
+            fixed(&p0.preprocessing),
+            crate::config::NumericBins::Fixed(0)
+        );
         // Without a date column the split is random.
         std::fs::write(
             &p,

@@ -296,7 +296,7 @@ pub fn evaluate_checkpoint(
     est: EstimatorSettings,
 ) -> Result<PickEvaluation, PickError> {
     let m = &ckpt.manifest;
-    let data = Dataset::load(data_cfg)?;
+    let data = Dataset::load(&data_cfg.as_trained(m.preprocessing.as_ref()))?;
     if data.sha256 != m.dataset.sha256 {
         return Err(PickError::Data(DataError::Other(format!(
             "{}: sha256 {} differs from the checkpoint's dataset ({}); the outcomes would not be the rows it was judged on",

@@ -308,6 +308,7 @@ fn manifest<B: AutodiffBackend>(
                 }
                 spread
             }),
+            numeric_bins: cfg.numeric_bins_pass.clone(),
             ..ManifestMetrics::default()
         },
         dataset: DatasetInfo {

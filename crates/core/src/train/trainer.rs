@@ -9,10 +9,11 @@ use super::evaluate::EvalReport;
 use super::job::{StageSummary, TrainError, TrainJob, Trained, io_err};
 use super::progress::ProgressMode;
 use super::session::Session;
-use crate::config::{LoadedConfig, Refit, RefitPass};
+use crate::config::{LoadedConfig, Loss, NumericBins, Refit, RefitPass};
 use crate::data::Dataset;
 use crate::records::RunDir;
 use crate::records::metrics::RefitProvenance;
+use crate::records::metrics::{BinsCandidate, NumericBinsChoice};
 
 /// Train according to `job` on backend `B`: open the session (data, model, resume), run each
 /// stage, then evaluate and export. The data file is read once (or not at all when the job
@@ -31,6 +32,9 @@ pub fn train<B: AutodiffBackend>(
             &read
         }
     };
+    if cfg.data.numeric_bins == NumericBins::Auto && cfg.numeric_bins_pass.is_none() {
+        return train_choosing_bins::<B>(job, data, device);
+    }
     if cfg.seed_spread > 1 && cfg.seed_spread_pass.is_none() {
         return train_with_seed_spread::<B>(job, data, device);
     }
@@ -38,6 +42,106 @@ pub fn train<B: AutodiffBackend>(
         return train_with_refit::<B>(job, data, device);
     }
     train_pass::<B>(job, data, device)
+}
+
+/// `data.numeric_bins: auto` (see [`NumericBins`]): each candidate bin count trains the
+/// config's stages up to the deciding one (its last `mse` stage, else its last), quietly,
+/// unobserved and unmeasured, in `<run>/numeric-bins/bins-<n>/` (a finished one, its export
+/// sealed, is not trained again on resume; the others resume); then the run itself trains
+/// with the bins whose deciding stage reached the lower best validation loss, and records
+/// the candidates in its manifest. `data` was read with the most bins; the no-bins candidate
+/// drops them ([`Dataset::without_bins`]), so every candidate sees the same rows.
+fn train_choosing_bins<B: AutodiffBackend>(
+    job: &TrainJob<'_>,
+    data: &Dataset,
+    device: &B::Device,
+) -> Result<Trained<B>, TrainError> {
+    let cfg = &job.config.config;
+    let reporter = super::progress::Reporter::new(job.progress);
+    let decide = cfg
+        .stages
+        .iter()
+        .rposition(|s| s.loss == Loss::Mse)
+        .unwrap_or(cfg.stages.len().saturating_sub(1));
+    let stage = cfg
+        .stages
+        .get(decide)
+        .map_or(String::new(), |s| s.name.clone());
+    let without = data.without_bins();
+    let rows = |n: usize| if n == 0 { &without } else { data };
+    let mut candidates = Vec::with_capacity(NumericBins::AUTO_CANDIDATES.len());
+    for (i, n) in NumericBins::AUTO_CANDIDATES.into_iter().enumerate() {
+        let path = job.run.path.join("numeric-bins").join(format!("bins-{n}"));
+        let (run, resume) = inner_run(job, &path, &format!("bins-{n}"))?;
+        let shown = std::path::absolute(&path)
+            .unwrap_or_else(|_| path.clone())
+            .display()
+            .to_string();
+        let sealed = resume
+            .then(|| crate::artifact::Checkpoint::load(&run.export_dir()).ok())
+            .flatten();
+        let validation_loss = match sealed {
+            Some(c) => c
+                .manifest
+                .metrics
+                .stages
+                .get(decide)
+                .map(|s| s.best_val_loss),
+            None => {
+                reporter.line(&format!(
+                    "numeric_bins auto: candidate {} of {}, {}, through stage {stage}",
+                    i + 1,
+                    NumericBins::AUTO_CANDIDATES.len(),
+                    match n {
+                        0 => "no bins".to_string(),
+                        n => format!("{n} bins"),
+                    }
+                ));
+                let mut loaded = job.config.clone();
+                let c = &mut loaded.config;
+                c.data.numeric_bins = NumericBins::Fixed(n);
+                c.stages.truncate(decide + 1);
+                c.seed_spread = 1;
+                c.refit = Refit::None;
+                c.calibration = None;
+                let candidate = TrainJob {
+                    observer: None,
+                    teacher: job.teacher,
+                    config: &loaded,
+                    run,
+                    resume,
+                    progress: ProgressMode::Quiet,
+                    stop_after_epochs: job.stop_after_epochs,
+                    data: Some(rows(n)),
+                    measure: None,
+                };
+                let t = train::<B>(&candidate, device)?;
+                if t.outcome.manifest.is_none() {
+                    // Interrupted (tests' stop_after_epochs): so is the run.
+                    return Ok(t);
+                }
+                t.outcome.stages.get(decide).map(|s| s.best_val_loss)
+            }
+        };
+        candidates.push(BinsCandidate {
+            bins: n,
+            validation_loss: validation_loss.filter(|v| v.is_finite()),
+            run: shown,
+        });
+    }
+    let choice = NumericBinsChoice::decide(stage, candidates);
+    reporter.line(&choice.describe());
+    let chosen = choice.chosen;
+    let mut loaded = job.config.clone();
+    loaded.config.data.numeric_bins = NumericBins::Fixed(chosen);
+    loaded.config.numeric_bins_pass = Some(choice);
+    let main = TrainJob {
+        config: &loaded,
+        run: job.run.clone(),
+        data: Some(rows(chosen)),
+        ..*job
+    };
+    train::<B>(&main, device)
 }
 
 /// `seed_spread: K`: the config under seeds `seed + 1 … seed + K − 1` first, each an ordinary
