@@ -144,7 +144,12 @@ fn auto_run(dir: &Path, data: &Path) -> (PathBuf, Value) {
     let cfg = binned(dir, data, "auto");
     let o = kiln(&["train", cfg.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("numeric_bins auto: "), "{}", stderr(&o));
+    // The mean stage is not trained a third time: the run takes the chosen candidate's.
+    assert!(
+        stderr(&o).contains("numeric_bins auto: the run goes on from candidate bins-"),
+        "{}",
+        stderr(&o)
+    );
     let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
     let m: Value =
         serde_json::from_slice(&std::fs::read(ckpt.join("manifest.json")).unwrap()).unwrap();
@@ -188,6 +193,16 @@ fn check_auto(tmp: &Path, data: &Path, name: &str) -> usize {
     );
     let auto = kiln::artifact::Checkpoint::load(&ckpt).unwrap();
     assert_eq!(auto.weights.arch.n_features, 2 + 2 * chosen);
+    // Its logs hold every epoch of both stages, the candidate's mean stage included.
+    let epochs = std::fs::read_to_string(run.join("epochs.jsonl")).unwrap();
+    assert_eq!(epochs.lines().count(), 12 + 4);
+    let mean_steps = |dir: &Path| {
+        let text = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
+        text.lines().filter(|l| l.starts_with("0,")).count()
+    };
+    let from = run.join("numeric-bins").join(format!("bins-{chosen}"));
+    assert!(mean_steps(&from) >= 12);
+    assert_eq!(mean_steps(&run), mean_steps(&from));
 
     // A config fixing the choice trains the same weights.
     let fixed = tmp.join(format!("{name}-fixed"));
@@ -240,39 +255,48 @@ fn auto_bins_keep_the_lower_validation_loss_and_train_it_as_a_fixed_config_would
 }
 
 #[test]
-fn auto_bins_killed_in_the_second_candidate_resume_to_the_same_weights() {
+fn auto_bins_killed_midway_resume_to_the_same_weights() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("t.csv");
     table(&data, 400);
     let (whole, _) = auto_run(&tmp.path().join("whole"), &data);
     let reference = kiln::artifact::Checkpoint::load(&whole).unwrap().weights;
 
-    let dir = tmp.path().join("cut");
-    std::fs::create_dir_all(&dir).unwrap();
-    let cfg = binned(&dir, &data, "auto");
-    // The first candidate runs 12 epochs; the 15th epoch is the second's third.
-    let o = kiln_env(
-        &["train", cfg.to_str().unwrap(), "-q"],
-        &[("KILN_FAULT", "kill@after-epoch-log:15")],
-    );
-    assert!(!o.status.success(), "the planted kill did not happen");
-    let run = only_run(&dir.join("out"));
-    assert!(
-        run.join("numeric-bins/bins-8/export/manifest.json")
-            .is_file()
-    );
-    assert!(!run.join("numeric-bins/bins-0/export").exists());
-    let o = kiln(&[
-        "train",
-        cfg.to_str().unwrap(),
-        "-q",
-        "--resume",
-        run.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let resumed =
-        kiln::artifact::Checkpoint::load(Path::new(stdout(&o).lines().last().unwrap().trim()))
-            .unwrap()
-            .weights;
-    assert_eq!(resumed, reference);
+    // Killed in the second candidate (the first runs 12 epochs; the 15th epoch is the
+    // second's third), and while the chosen candidate's state is copied into the run.
+    for (cut, fault) in [
+        ("candidate", "kill@after-epoch-log:15"),
+        ("adopt", "kill@during-adopt"),
+    ] {
+        let dir = tmp.path().join(cut);
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = binned(&dir, &data, "auto");
+        let o = kiln_env(
+            &["train", cfg.to_str().unwrap(), "-q"],
+            &[("KILN_FAULT", fault)],
+        );
+        assert!(
+            !o.status.success(),
+            "{fault}: the planted kill did not happen"
+        );
+        let run = only_run(&dir.join("out"));
+        assert!(
+            run.join("numeric-bins/bins-8/export/manifest.json")
+                .is_file()
+        );
+        assert!(!run.join("state/LATEST").exists(), "{fault}");
+        let o = kiln(&[
+            "train",
+            cfg.to_str().unwrap(),
+            "-q",
+            "--resume",
+            run.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{fault}: {}", stderr(&o));
+        let resumed =
+            kiln::artifact::Checkpoint::load(Path::new(stdout(&o).lines().last().unwrap().trim()))
+                .unwrap()
+                .weights;
+        assert_eq!(resumed, reference, "{fault}");
+    }
 }

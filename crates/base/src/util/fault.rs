@@ -26,6 +26,9 @@ pub const POINTS: &[&str] = &[
     "before-snapshot-latest",
     // LATEST was switched; older snapshots are not removed yet.
     "after-snapshot-latest",
+    // `numeric_bins: auto`: the chosen candidate's snapshot and step log are copied into
+    // the run, LATEST not yet written.
+    "during-adopt",
     // The latency benchmark of the trained model is running (before its export).
     "during-latency",
     // Inside the export's temporary directory: weights written, manifest not yet.

@@ -132,6 +132,36 @@ fn train_choosing_bins<B: AutodiffBackend>(
     let choice = NumericBinsChoice::decide(stage, candidates);
     reporter.line(&choice.describe());
     let chosen = choice.chosen;
+    // The run's stages through the deciding one are the chosen candidate's, step for step
+    // (same config text, seed, rows and bins): it goes on from there instead of training
+    // them a third time. Not under refit, whose passes train other rows.
+    let mut resume = job.resume;
+    if cfg.refit == Refit::None {
+        let from = job
+            .run
+            .path
+            .join("numeric-bins")
+            .join(format!("bins-{chosen}"));
+        match adopt(&job.run, &from)? {
+            Adopted::Epochs(history) => {
+                reporter.line(&format!(
+                    "numeric_bins auto: the run goes on from candidate bins-{chosen} after stage {}",
+                    choice.stage
+                ));
+                if let Some(h) = job.observer {
+                    for r in &history {
+                        h.on_epoch(&job.run, r);
+                    }
+                    for (si, s) in cfg.stages.iter().enumerate().take(decide + 1) {
+                        h.on_stage_end(&job.run, si, &s.name);
+                    }
+                }
+                resume = true;
+            }
+            Adopted::OwnState => resume = true,
+            Adopted::Nothing => {}
+        }
+    }
     let mut loaded = job.config.clone();
     loaded.config.data.numeric_bins = NumericBins::Fixed(chosen);
     loaded.config.numeric_bins_pass = Some(choice);
@@ -139,9 +169,70 @@ fn train_choosing_bins<B: AutodiffBackend>(
         config: &loaded,
         run: job.run.clone(),
         data: Some(rows(chosen)),
+        resume,
         ..*job
     };
     train::<B>(&main, device)
+}
+
+/// What [`adopt`] did.
+enum Adopted {
+    /// The candidate's state is the run's now; its epochs.
+    Epochs(Vec<crate::records::EpochRecord>),
+    /// The run has a snapshot of its own (a resumed run that got past this point).
+    OwnState,
+    /// The candidate left no snapshot: the run trains from the start.
+    Nothing,
+}
+
+/// Give `run` the finished candidate `from`'s state: its last snapshot (the end of its last
+/// stage) and its step log, as if `run` had trained those stages itself; `run`'s own logs
+/// are lined up with it when the session resumes. Nothing is copied when `run` has a snapshot
+/// of its own already. The snapshot is copied under a temporary name and renamed, and
+/// `LATEST` is written last, so a kill in between leaves `run` without a snapshot and the
+/// next `--resume` copies again.
+fn adopt(run: &RunDir, from: &Path) -> Result<Adopted, TrainError> {
+    let state = run.state_dir();
+    if super::state::latest(&state).is_ok() {
+        return Ok(Adopted::OwnState);
+    }
+    let Ok((snap, progress)) = super::state::latest(&from.join("state")) else {
+        return Ok(Adopted::Nothing);
+    };
+    let name = snap
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let copy = |src: &Path, dst: &Path| -> Result<(), TrainError> {
+        let tmp = dst.with_file_name(format!(
+            ".{}.adopt",
+            dst.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
+        ));
+        std::fs::copy(src, &tmp).map_err(io_err(src))?;
+        std::fs::rename(&tmp, dst).map_err(io_err(dst))
+    };
+    copy(&from.join("steps.csv"), &run.steps_file())?;
+    let tmp = state.join(format!(".{name}.adopt"));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
+    for f in std::fs::read_dir(&snap).map_err(io_err(&snap))? {
+        let f = f.map_err(io_err(&snap))?.path();
+        if let Some(n) = f.file_name() {
+            std::fs::copy(&f, tmp.join(n)).map_err(io_err(&f))?;
+        }
+    }
+    let dst = state.join(&name);
+    if dst.exists() {
+        std::fs::remove_dir_all(&dst).map_err(io_err(&dst))?;
+    }
+    std::fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
+    crate::util::fault::point("during-adopt");
+    crate::util::write_atomic(&state.join("LATEST"), name.as_bytes())?;
+    Ok(Adopted::Epochs(progress.history))
 }
 
 /// `seed_spread: K`: the config under seeds `seed + 1 … seed + K − 1` first, each an ordinary
