@@ -300,3 +300,38 @@ fn auto_bins_killed_midway_resume_to_the_same_weights() {
         assert_eq!(resumed, reference, "{fault}");
     }
 }
+
+/// With `refit: train+validation` the candidates choose on the validation rows; then the
+/// selection and refit passes both train from the start with the chosen bins (the refit pass
+/// trains on other rows, so nothing is taken over), and the manifest records both choices.
+#[test]
+fn auto_bins_under_refit_choose_first_then_refit_with_the_choice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("t.csv");
+    table(&data, 400);
+    let cfg = binned(tmp.path(), &data, "auto");
+    let text = std::fs::read_to_string(&cfg).unwrap() + "refit: train+validation\n";
+    std::fs::write(&cfg, text).unwrap();
+    let o = kiln(&["train", cfg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("goes on from candidate"),
+        "{}",
+        stderr(&o)
+    );
+    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("manifest.json")).unwrap()).unwrap();
+    let chosen = m["metrics"]["numeric_bins"]["chosen"].as_u64().unwrap() as usize;
+    assert_eq!(m["metrics"]["refit"]["trained_on"], "train+validation");
+    let run = only_run(&tmp.path().join("out"));
+    for dir in [run.join("selection/export"), ckpt] {
+        let c = kiln::artifact::Checkpoint::load(&dir).unwrap();
+        assert_eq!(
+            c.weights.arch.n_features,
+            2 + 2 * chosen,
+            "{}",
+            dir.display()
+        );
+    }
+}
