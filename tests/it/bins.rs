@@ -349,3 +349,59 @@ fn auto_bins_under_refit_choose_first_then_refit_with_the_choice() {
         );
     }
 }
+
+/// The starter config `kiln init` writes trains as it stands: its `numeric_bins: auto` reads
+/// a text column beside the numeric ones, chooses, and the checkpoint predicts raw rows.
+#[test]
+fn a_kiln_init_config_chooses_its_bins_and_predicts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("shop.csv");
+    let mut next = crate::common::uniforms(5);
+    let mut text = String::from("store,price,size,sales\n");
+    for i in 0..300 {
+        let (price, size) = (10.0 + 20.0 * next(), 1.0 + 4.0 * next());
+        let store = ["north", "south", "east"][i % 3];
+        let sales = 50.0 + if price > 20.0 { -15.0 } else { 0.0 } + 3.0 * size + 4.0 * next();
+        text.push_str(&format!("{store},{price:.3},{size:.3},{sales:.3}\n"));
+    }
+    std::fs::write(&data, text).unwrap();
+    let cfg = tmp.path().join("init.yaml");
+    let o = kiln(&[
+        "init",
+        "--data",
+        data.to_str().unwrap(),
+        "--target",
+        "sales",
+        "--out",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    assert!(yaml.contains("  numeric_bins: auto\n"), "{yaml}");
+    let export = tmp.path().join("checkpoints");
+    let o = kiln(&[
+        "train",
+        cfg.to_str().unwrap(),
+        "-q",
+        "--set",
+        &format!("export.dir={}", export.display()),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let m = kiln::artifact::Checkpoint::load(&ckpt).unwrap().manifest;
+    let choice = m.metrics.numeric_bins.as_ref().unwrap();
+    let binned = m
+        .input_preprocessing()
+        .inputs
+        .iter()
+        .filter(|c| c.bins.is_some())
+        .count();
+    assert_eq!(binned, if choice.chosen > 0 { 2 } else { 0 }, "{choice:?}");
+    let rows = tmp.path().join("rows.csv");
+    std::fs::write(&rows, "store,price,size\nnorth,12.5,2\nwest,25,4\n").unwrap();
+    let out = tmp.path().join("pred.csv");
+    let o = crate::common::predict(ckpt.to_str().unwrap(), &rows, &out);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(text.lines().count(), 3, "{text}");
+}
