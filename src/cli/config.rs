@@ -38,6 +38,14 @@ pub fn check(path: &Path, set: &[String]) -> CliResult {
         c.device
     );
     println!("{}", data.check_report());
+    if c.data.numeric_bins == config::NumericBins::Auto {
+        let without = data.without_bins().features.len();
+        println!(
+            "  numeric_bins auto: {} network inputs with {} bins, {without} without; `kiln train` trains the stages through the last mse one with each and keeps the lower validation loss",
+            data.features.len(),
+            config::NumericBins::AUTO_CANDIDATES[0],
+        );
+    }
     Ok(())
 }
 

@@ -114,6 +114,15 @@ async fn binned_features_train_predict_and_serve_like_training_and_are_refused_b
         "data.numeric_bins=8",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // `auto` says what it will choose between.
+    let auto = binned(tmp.path(), &data, "auto");
+    let o = kiln(&["config", "check", auto.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("numeric_bins auto: 18 network inputs with 8 bins, 2 without"),
+        "{}",
+        stdout(&o)
+    );
     let range = |bad: &str| {
         format!(
             "invalid value for `data.numeric_bins`: expected 0 (no bins), 2 to 64 bins or `auto`, got {bad}"
@@ -404,4 +413,44 @@ fn a_kiln_init_config_chooses_its_bins_and_predicts() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&out).unwrap();
     assert_eq!(text.lines().count(), 3, "{text}");
+}
+
+/// `auto` on a table none of whose features takes bins (a 0/1 column, a category) trains
+/// once: there is nothing to choose, and the manifest says so.
+#[test]
+fn auto_bins_without_a_binnable_feature_train_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("t.csv");
+    let mut next = crate::common::uniforms(3);
+    let mut text = String::from("part,a,b,y\n");
+    for i in 0..200 {
+        let part = [2, 2, 1, 1, 0, 0, 0, 0, 0, 0][i % 10];
+        let a = (next() > 0.5) as u8;
+        let b = ["x", "y", "z"][i % 3];
+        let y = f64::from(a) + if b == "y" { 1.0 } else { 0.0 } + 0.1 * next();
+        text.push_str(&format!("{part},{a},{b},{y:.5}\n"));
+    }
+    std::fs::write(&data, text).unwrap();
+    let cfg = binned(tmp.path(), &data, "auto");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("  targets: [y]", "  categorical: [b]\n  targets: [y]");
+    std::fs::write(&cfg, text).unwrap();
+    let o = kiln(&["train", cfg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o)
+            .contains("numeric_bins auto: no feature takes bins, so there is nothing to choose"),
+        "{}",
+        stderr(&o)
+    );
+    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let m = kiln::artifact::Checkpoint::load(&ckpt).unwrap().manifest;
+    let choice = m.metrics.numeric_bins.unwrap();
+    assert_eq!((choice.chosen, choice.candidates.len()), (0, 0));
+    assert!(
+        !only_run(&tmp.path().join("out"))
+            .join("numeric-bins")
+            .exists()
+    );
 }

@@ -69,8 +69,16 @@ fn train_choosing_bins<B: AutodiffBackend>(
         .map_or(String::new(), |s| s.name.clone());
     let without = data.without_bins();
     let rows = |n: usize| if n == 0 { &without } else { data };
+    // No feature takes bins (all categorical, dates, or too few distinct values): both
+    // candidates would be the same network, so there is nothing to choose.
+    let binnable = data.preprocessing.inputs.iter().any(|c| c.bins.is_some());
+    let candidates_to_train = if binnable {
+        NumericBins::AUTO_CANDIDATES.as_slice()
+    } else {
+        &[]
+    };
     let mut candidates = Vec::with_capacity(NumericBins::AUTO_CANDIDATES.len());
-    for (i, n) in NumericBins::AUTO_CANDIDATES.into_iter().enumerate() {
+    for (i, &n) in candidates_to_train.iter().enumerate() {
         let path = job.run.path.join("numeric-bins").join(format!("bins-{n}"));
         let (run, resume) = inner_run(job, &path, &format!("bins-{n}"))?;
         let shown = std::path::absolute(&path)
@@ -120,7 +128,18 @@ fn train_choosing_bins<B: AutodiffBackend>(
                     // Interrupted (tests' stop_after_epochs): so is the run.
                     return Ok(t);
                 }
-                t.outcome.stages.get(decide).map(|s| s.best_val_loss)
+                let best = t.outcome.stages.get(decide);
+                if let Some(s) = best {
+                    reporter.line(&format!(
+                        "numeric_bins auto: candidate {} of {}: best validation loss {:.5} (epoch {}) in {:.1} s",
+                        i + 1,
+                        NumericBins::AUTO_CANDIDATES.len(),
+                        s.best_val_loss,
+                        s.best_epoch,
+                        t.outcome.wall.as_secs_f64()
+                    ));
+                }
+                best.map(|s| s.best_val_loss)
             }
         };
         candidates.push(BinsCandidate {
