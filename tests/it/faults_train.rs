@@ -328,10 +328,16 @@ fn default_cases() -> Vec<Vec<String>> {
 }
 
 /// Kill points of other commands and the test that kills a process there.
-const OTHER_KILL_CASES: &[(&str, &str)] = &[(
-    "during-promote-install",
-    "promote::a_killed_promotion_is_cleaned_up_and_settled_by_the_next",
-)];
+const OTHER_KILL_CASES: &[(&str, &str)] = &[
+    (
+        "during-promote-install",
+        "promote::a_killed_promotion_is_cleaned_up_and_settled_by_the_next",
+    ),
+    (
+        "during-adopt",
+        "bins::auto_bins_killed_midway_resume_to_the_same_weights",
+    ),
+];
 
 /// The point a case's `<point>[:<n>]` names.
 fn point_of(spec: &str) -> &str {
