@@ -569,7 +569,7 @@ pub fn starter_config(data: &Path, targets: &[String]) -> Result<Starter, DataEr
         let n = crate::config::defaults::NUMERIC_BINS;
         writeln!(
             y,
-            "  # `auto`: the mean stage trains twice, with each numeric feature also entering as {n}\n  # piecewise-linear bins at the training split's quantiles (`<column>.bin<i>`: the\n  # thresholds a tree would find) and without; the lower validation loss is kept and the\n  # run trains it. {n} or 0 fixes the choice (and trains once).\n  numeric_bins: auto"
+            "  # `auto`: the mean stage trains twice, with each numeric feature also entering as {n}\n  # piecewise-linear bins at the training split's quantiles (`<column>.bin<i>`: the\n  # thresholds a tree would find) and without; the run goes on from the one with the\n  # lower validation loss. {n} or 0 fixes the choice (and trains once).\n  numeric_bins: auto"
         )
         .unwrap();
     }
