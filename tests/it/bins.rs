@@ -205,6 +205,21 @@ fn check_auto(tmp: &Path, data: &Path, name: &str) -> usize {
     // Its logs hold every epoch of both stages, the candidate's mean stage included.
     let epochs = std::fs::read_to_string(run.join("epochs.jsonl")).unwrap();
     assert_eq!(epochs.lines().count(), 12 + 4);
+    // So does the registry: the observers were given the epochs taken over.
+    let registry =
+        kiln::track::registry::Registry::open(&tmp.join(name).join("out").join("runs.db")).unwrap();
+    let id = run.file_name().unwrap().to_str().unwrap();
+    let recorded = registry.epochs(id).unwrap();
+    assert_eq!(
+        recorded
+            .iter()
+            .map(|r| (r.stage, r.epoch))
+            .collect::<Vec<_>>(),
+        (0..12)
+            .map(|e| (0, e))
+            .chain((0..4).map(|e| (1, e)))
+            .collect::<Vec<_>>()
+    );
     let mean_steps = |dir: &Path| {
         let text = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
         text.lines().filter(|l| l.starts_with("0,")).count()
