@@ -13,7 +13,8 @@ use serde_json::Value;
 use serde_json::json;
 
 use crate::common::{
-    client, copy_dir, kiln, kiln_env, only_run, serve, serve_config, stderr, stdout,
+    client, copy_dir, exported, kiln, kiln_env, only_run, resume, serve, serve_config, stderr,
+    stdout,
 };
 use crate::ensemble::{config, predicted, table};
 
@@ -35,7 +36,7 @@ async fn binned_features_train_predict_and_serve_like_training_and_are_refused_b
     let cfg = binned(tmp.path(), &data, "4");
     let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let ckpt = exported(&o);
 
     // The network sees each value and its four bins.
     let loaded = kiln::artifact::Checkpoint::load(&ckpt).unwrap();
@@ -159,7 +160,7 @@ fn auto_run(dir: &Path, data: &Path) -> (PathBuf, Value) {
         "{}",
         stderr(&o)
     );
-    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let ckpt = exported(&o);
     let m: Value =
         serde_json::from_slice(&std::fs::read(ckpt.join("manifest.json")).unwrap()).unwrap();
     (ckpt, m)
@@ -234,9 +235,7 @@ fn check_auto(tmp: &Path, data: &Path, name: &str) -> usize {
     let cfg = binned(&fixed, data, &chosen.to_string());
     let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let same =
-        kiln::artifact::Checkpoint::load(Path::new(stdout(&o).lines().last().unwrap().trim()))
-            .unwrap();
+    let same = kiln::artifact::Checkpoint::load(&exported(&o)).unwrap();
     assert_eq!(same.weights, auto.weights);
 
     // The gate reads the rows as the checkpoint was trained on them, and each model's rows
@@ -323,18 +322,11 @@ fn auto_bins_killed_midway_resume_to_the_same_weights() {
                 .is_file()
         );
         assert!(!run.join("state/LATEST").exists(), "{fault}");
-        let o = kiln(&[
-            "train",
-            cfg.to_str().unwrap(),
-            "-q",
-            "--resume",
-            run.to_str().unwrap(),
-        ]);
+        let o = resume(&cfg, &run);
         assert!(o.status.success(), "{fault}: {}", stderr(&o));
-        let resumed =
-            kiln::artifact::Checkpoint::load(Path::new(stdout(&o).lines().last().unwrap().trim()))
-                .unwrap()
-                .weights;
+        let resumed = kiln::artifact::Checkpoint::load(&exported(&o))
+            .unwrap()
+            .weights;
         assert_eq!(resumed, reference, "{fault}");
     }
 }
@@ -357,7 +349,7 @@ fn auto_bins_under_refit_choose_first_then_refit_with_the_choice() {
         "{}",
         stderr(&o)
     );
-    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let ckpt = exported(&o);
     let m: Value =
         serde_json::from_slice(&std::fs::read(ckpt.join("manifest.json")).unwrap()).unwrap();
     let chosen = m["metrics"]["numeric_bins"]["chosen"].as_u64().unwrap() as usize;
@@ -411,7 +403,7 @@ fn a_kiln_init_config_chooses_its_bins_and_predicts() {
         &format!("export.dir={}", export.display()),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let ckpt = exported(&o);
     let m = kiln::artifact::Checkpoint::load(&ckpt).unwrap().manifest;
     let choice = m.metrics.numeric_bins.as_ref().unwrap();
     let binned = m
@@ -459,7 +451,7 @@ fn auto_bins_without_a_binnable_feature_train_once() {
         "{}",
         stderr(&o)
     );
-    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let ckpt = exported(&o);
     let m = kiln::artifact::Checkpoint::load(&ckpt).unwrap().manifest;
     let choice = m.metrics.numeric_bins.unwrap();
     assert_eq!((choice.chosen, choice.candidates.len()), (0, 0));

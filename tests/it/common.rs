@@ -542,3 +542,20 @@ pub fn uniforms(seed: u64) -> impl FnMut() -> f64 {
         ((state >> 33) as f64 + 0.5) / (1u64 << 31) as f64
     }
 }
+
+/// The checkpoint directory `kiln train` printed last on stdout (the run must have succeeded).
+pub fn exported(o: &Output) -> PathBuf {
+    assert!(o.status.success(), "{}", stderr(o));
+    PathBuf::from(stdout(o).lines().last().unwrap_or_default().trim())
+}
+
+/// `kiln train CFG -q --resume RUN`.
+pub fn resume(cfg: &Path, run: &Path) -> Output {
+    kiln(&[
+        "train",
+        cfg.to_str().unwrap(),
+        "-q",
+        "--resume",
+        run.to_str().unwrap(),
+    ])
+}

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::common::{kiln, kiln_env, only_run, stderr, stdout};
+use crate::common::{exported, kiln, kiln_env, only_run, resume, stderr, stdout};
 
 /// Rows: `part` (0 train, 1 validation, 2 test), features `a`, `b`, and `y = sin(3a) + b² +
 /// noise`.
@@ -87,7 +87,7 @@ fn a_packed_ensemble_exports_one_plain_network_that_serves_its_members_mean() {
         "{}",
         stderr(&o)
     );
-    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let ckpt = exported(&o);
 
     // One plain network three times as wide; member m owns columns 16m.. and 8m.. and the
     // weights between members are zero, those within a member are not.
@@ -182,7 +182,7 @@ fn the_variance_stage_starts_at_the_constant_variance_of_the_training_residuals(
     std::fs::write(&cfg, text).unwrap();
     let o = kiln(&["train", cfg.to_str().unwrap(), "-q"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let ckpt = PathBuf::from(stdout(&o).lines().last().unwrap().trim());
+    let ckpt = exported(&o);
     let train: Vec<_> = rows.iter().filter(|r| r.0 == 0).collect();
     let p = predicted(tmp.path(), &ckpt, &train);
     let mse = p.iter().map(|(y, m, _)| (y - m).powi(2)).sum::<f64>() / p.len() as f64;
@@ -208,10 +208,9 @@ fn a_packed_ensemble_killed_midway_resumes_to_the_same_weights() {
     let whole = export("whole");
     let o = kiln(&["train", whole.to_str().unwrap(), "-q"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let reference =
-        kiln::artifact::Checkpoint::load(Path::new(stdout(&o).lines().last().unwrap().trim()))
-            .unwrap()
-            .weights;
+    let reference = kiln::artifact::Checkpoint::load(&exported(&o))
+        .unwrap()
+        .weights;
 
     let cut = export("cut");
     let o = kiln_env(
@@ -220,18 +219,11 @@ fn a_packed_ensemble_killed_midway_resumes_to_the_same_weights() {
     );
     assert!(!o.status.success(), "the planted kill did not happen");
     let run = only_run(&tmp.path().join("cut/out"));
-    let o = kiln(&[
-        "train",
-        cut.to_str().unwrap(),
-        "-q",
-        "--resume",
-        run.to_str().unwrap(),
-    ]);
+    let o = resume(&cut, &run);
     assert!(o.status.success(), "{}", stderr(&o));
-    let resumed =
-        kiln::artifact::Checkpoint::load(Path::new(stdout(&o).lines().last().unwrap().trim()))
-            .unwrap()
-            .weights;
+    let resumed = kiln::artifact::Checkpoint::load(&exported(&o))
+        .unwrap()
+        .weights;
     assert_eq!(resumed, reference);
 }
 

@@ -67,84 +67,70 @@ fn train_choosing_bins<B: AutodiffBackend>(
         .stages
         .get(decide)
         .map_or(String::new(), |s| s.name.clone());
-    let without = data.without_bins();
-    let rows = |n: usize| if n == 0 { &without } else { data };
     // No feature takes bins (all categorical, dates, or too few distinct values): both
-    // candidates would be the same network, so there is nothing to choose.
+    // candidates would be the same network, so there is nothing to choose (and no copy of
+    // the rows without bins to make).
     let binnable = data.preprocessing.inputs.iter().any(|c| c.bins.is_some());
+    let without = binnable.then(|| data.without_bins());
+    let rows = |n: usize| match (n, &without) {
+        (0, Some(w)) => w,
+        _ => data,
+    };
     let candidates_to_train = if binnable {
         NumericBins::AUTO_CANDIDATES.as_slice()
     } else {
         &[]
     };
-    let mut candidates = Vec::with_capacity(NumericBins::AUTO_CANDIDATES.len());
+    let count = NumericBins::AUTO_CANDIDATES.len();
+    let mut candidates = Vec::with_capacity(count);
     for (i, &n) in candidates_to_train.iter().enumerate() {
+        let mut loaded = job.config.clone();
+        let c = &mut loaded.config;
+        c.data.numeric_bins = NumericBins::Fixed(n);
+        c.stages.truncate(decide + 1);
+        c.seed_spread = 1;
+        c.refit = Refit::None;
+        c.calibration = None;
         let path = job.run.path.join("numeric-bins").join(format!("bins-{n}"));
-        let (run, resume) = inner_run(job, &path, &format!("bins-{n}"))?;
-        let shown = std::path::absolute(&path)
-            .unwrap_or_else(|_| path.clone())
-            .display()
-            .to_string();
-        let sealed = resume
-            .then(|| crate::artifact::Checkpoint::load(&run.export_dir()).ok())
-            .flatten();
-        let validation_loss = match sealed {
-            Some(c) => c
-                .manifest
-                .metrics
-                .stages
-                .get(decide)
-                .map(|s| s.best_val_loss),
-            None => {
-                reporter.line(&format!(
-                    "numeric_bins auto: candidate {} of {}, {}, through stage {stage}",
-                    i + 1,
-                    NumericBins::AUTO_CANDIDATES.len(),
-                    match n {
-                        0 => "no bins".to_string(),
-                        n => format!("{n} bins"),
-                    }
-                ));
-                let mut loaded = job.config.clone();
-                let c = &mut loaded.config;
-                c.data.numeric_bins = NumericBins::Fixed(n);
-                c.stages.truncate(decide + 1);
-                c.seed_spread = 1;
-                c.refit = Refit::None;
-                c.calibration = None;
-                let candidate = TrainJob {
-                    observer: None,
-                    teacher: job.teacher,
-                    config: &loaded,
-                    run,
-                    resume,
-                    progress: ProgressMode::Quiet,
-                    stop_after_epochs: job.stop_after_epochs,
-                    data: Some(rows(n)),
-                    measure: None,
-                };
-                let t = train::<B>(&candidate, device)?;
-                if t.outcome.manifest.is_none() {
-                    // Interrupted (tests' stop_after_epochs): so is the run.
-                    return Ok(t);
-                }
-                let best = t.outcome.stages.get(decide);
-                if let Some(s) = best {
-                    reporter.line(&format!(
-                        "numeric_bins auto: candidate {} of {}: best validation loss {:.5} (epoch {}) in {:.1} s",
-                        i + 1,
-                        NumericBins::AUTO_CANDIDATES.len(),
-                        s.best_val_loss,
-                        s.best_epoch,
-                        t.outcome.wall.as_secs_f64()
-                    ));
-                }
-                best.map(|s| s.best_val_loss)
-            }
+        let announce = || {
+            reporter.line(&format!(
+                "numeric_bins auto: candidate {} of {count}, {}, through stage {stage}",
+                i + 1,
+                BinsCandidate::label(n)
+            ))
         };
+        let pass = inner_pass::<B>(
+            job,
+            &path,
+            &loaded,
+            ProgressMode::Quiet,
+            rows(n),
+            device,
+            announce,
+        )?;
+        let (manifest, shown, trained_in) = match pass {
+            InnerPass::Done {
+                manifest,
+                shown,
+                trained_in,
+                ..
+            } => (manifest, shown, trained_in),
+            // Interrupted (tests' stop_after_epochs): so is the run.
+            InnerPass::Interrupted(t) => return Ok(*t),
+        };
+        let best = manifest.metrics.stages.get(decide);
+        if let (Some(s), Some(wall)) = (best, trained_in) {
+            reporter.line(&format!(
+                "numeric_bins auto: candidate {} of {count}: best validation loss {:.5} (epoch {}) in {:.1} s",
+                i + 1,
+                s.best_val_loss,
+                s.best_epoch,
+                wall.as_secs_f64()
+            ));
+        }
         candidates.push(BinsCandidate {
             bins: n,
-            validation_loss: validation_loss.filter(|v| v.is_finite()),
+            validation_loss: best.map(|s| s.best_val_loss).filter(|v| v.is_finite()),
             run: shown,
         });
     }
@@ -270,43 +256,33 @@ fn train_with_seed_spread<B: AutodiffBackend>(
     for i in 1..cfg.seed_spread {
         let seed = cfg.seed.wrapping_add(i as u64);
         let path = job.run.path.join("seeds").join(format!("seed-{seed}"));
-        let (run, resume) = inner_run(job, &path, &format!("seed-{seed}"))?;
-        // Recorded absolute: the manifest is read from anywhere.
-        let shown = std::path::absolute(&path)
-            .unwrap_or_else(|_| path.clone())
-            .display()
-            .to_string();
-        let test_mse = |m: &crate::artifact::Manifest| -> Vec<f64> {
-            m.metrics.test_mse().into_iter().map(|(_, v)| v).collect()
-        };
-        if resume && let Ok(c) = crate::artifact::Checkpoint::load(&run.export_dir()) {
-            others.push((seed, shown, test_mse(&c.manifest)));
-            continue;
-        }
-        reporter.line(&format!(
-            "seed spread: seed {seed} ({i} of {} more), trained only to measure",
-            cfg.seed_spread - 1
-        ));
         let mut loaded = job.config.clone();
         loaded.config.seed = seed;
         loaded.config.seed_spread = 1;
-        let seed_job = TrainJob {
-            observer: None,
-            teacher: job.teacher,
-            config: &loaded,
-            run,
-            resume,
-            progress: super::progress::ProgressMode::Quiet,
-            stop_after_epochs: job.stop_after_epochs,
-            data: Some(data),
-            measure: None,
+        let announce = || {
+            reporter.line(&format!(
+                "seed spread: seed {seed} ({i} of {} more), trained only to measure",
+                cfg.seed_spread - 1
+            ))
         };
-        let t = train::<B>(&seed_job, device)?;
-        let Some(manifest) = &t.outcome.manifest else {
+        match inner_pass::<B>(
+            job,
+            &path,
+            &loaded,
+            ProgressMode::Quiet,
+            data,
+            device,
+            announce,
+        )? {
+            InnerPass::Done {
+                manifest, shown, ..
+            } => {
+                let mse = manifest.metrics.test_mse().into_iter().map(|(_, v)| v);
+                others.push((seed, shown, mse.collect()));
+            }
             // Interrupted (tests' stop_after_epochs): so is the run.
-            return Ok(t);
-        };
-        others.push((seed, shown, test_mse(manifest)));
+            InnerPass::Interrupted(t) => return Ok(*t),
+        }
     }
     let mut loaded = job.config.clone();
     loaded.config.seed_spread_pass = Some(crate::config::SeedSpreadPass { others });
@@ -337,11 +313,25 @@ fn train_with_refit<B: AutodiffBackend>(
     data: &Dataset,
     device: &B::Device,
 ) -> Result<Trained<B>, TrainError> {
-    let (sel_run, stages, test) = match selection::<B>(job, data, device)? {
-        Selection::Done { run, stages, test } => (run, stages, test),
+    // The selection pass: an ordinary run of the same config in `<run>/selection/`; its
+    // export is not what the run delivers, so it is not measured.
+    let mut sel_loaded = job.config.clone();
+    sel_loaded.config.refit = Refit::None;
+    let sel_path = job.run.path.join("selection");
+    let (sel_run, manifest) = match inner_pass::<B>(
+        job,
+        &sel_path,
+        &sel_loaded,
+        job.progress,
+        data,
+        device,
+        || {},
+    )? {
+        InnerPass::Done { run, manifest, .. } => (run, manifest),
         // Interrupted (tests' stop_after_epochs): so is the run.
-        Selection::Interrupted(sel) => return Ok(*sel),
+        InnerPass::Interrupted(t) => return Ok(*t),
     };
+    let (stages, test) = (manifest.metrics.stages, manifest.metrics.test);
     let refit_loaded = refit_config(job, &sel_run, stages, test);
     let refit_job = TrainJob {
         observer: job.observer,
@@ -355,18 +345,6 @@ fn train_with_refit<B: AutodiffBackend>(
         measure: job.measure,
     };
     train_pass::<B>(&refit_job, data, device)
-}
-
-/// How the selection pass of a refit run ended.
-enum Selection<B: AutodiffBackend> {
-    /// It finished (now or in an earlier process): its directory, stages and test table.
-    Done {
-        run: RunDir,
-        stages: Vec<StageSummary>,
-        test: Option<EvalReport>,
-    },
-    /// It was stopped before its end.
-    Interrupted(Box<Trained<B>>),
 }
 
 /// A pass's own run directory `path` inside the run (`<run>/selection`, `<run>/seeds/seed-<s>`),
@@ -387,47 +365,76 @@ fn inner_run(job: &TrainJob<'_>, path: &Path, name: &str) -> Result<(RunDir, boo
     ))
 }
 
-/// The selection pass of a refit run: an ordinary run of the same config in
-/// `<run>/selection/`, resumed when the run is; a finished one (its export is sealed) is not
-/// run again.
-fn selection<B: AutodiffBackend>(
+/// How an inner pass ended (see [`inner_pass`]).
+enum InnerPass<B: AutodiffBackend> {
+    /// Its export is sealed, now or by an earlier process.
+    Done {
+        /// Its run directory.
+        run: RunDir,
+        /// That directory, absolute (recorded: a manifest is read from anywhere).
+        shown: String,
+        /// Its export's manifest.
+        manifest: Box<crate::artifact::Manifest>,
+        /// How long it trained in this process (`None`: it was finished already).
+        trained_in: Option<std::time::Duration>,
+    },
+    /// It was stopped before its end (tests' `stop_after_epochs`): so is the run.
+    Interrupted(Box<Trained<B>>),
+}
+
+/// One inner pass of a run — a `seed_spread` seed, a `numeric_bins: auto` candidate, refit's
+/// selection pass: `loaded` trained on `data` in its own run directory `path` (opened or
+/// created by [`inner_run`]), unobserved and unmeasured, with the run's teacher and
+/// interruption. A finished one (its export sealed) is read back, not trained again; an
+/// unfinished one resumes. `announce` runs just before training starts.
+fn inner_pass<B: AutodiffBackend>(
     job: &TrainJob<'_>,
+    path: &Path,
+    loaded: &LoadedConfig,
+    progress: ProgressMode,
     data: &Dataset,
     device: &B::Device,
-) -> Result<Selection<B>, TrainError> {
-    let sel_path = job.run.path.join("selection");
-    let (sel_run, resume_sel) = inner_run(job, &sel_path, "selection")?;
-    if resume_sel && let Ok(c) = crate::artifact::Checkpoint::load(&sel_run.export_dir()) {
-        let m = c.manifest.metrics;
-        return Ok(Selection::Done {
-            run: sel_run,
-            stages: m.stages,
-            test: m.test,
+    announce: impl FnOnce(),
+) -> Result<InnerPass<B>, TrainError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (run, resume) = inner_run(job, path, &name)?;
+    let shown = std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string();
+    if resume && let Ok(c) = crate::artifact::Checkpoint::load(&run.export_dir()) {
+        return Ok(InnerPass::Done {
+            run,
+            shown,
+            manifest: Box::new(c.manifest),
+            trained_in: None,
         });
     }
-    let mut sel_loaded = job.config.clone();
-    sel_loaded.config.refit = Refit::None;
-    let sel_job = TrainJob {
+    announce();
+    let inner = TrainJob {
         observer: None,
         teacher: job.teacher,
-        config: &sel_loaded,
-        run: sel_run.clone(),
-        resume: resume_sel,
-        progress: job.progress,
+        config: loaded,
+        run: run.clone(),
+        resume,
+        progress,
         stop_after_epochs: job.stop_after_epochs,
         data: Some(data),
-        // The selection pass's export is not what the run delivers: not measured.
         measure: None,
     };
-    let sel = train_pass::<B>(&sel_job, data, device)?;
-    if sel.outcome.export_dir.is_none() {
-        return Ok(Selection::Interrupted(Box::new(sel)));
+    let mut t = train::<B>(&inner, device)?;
+    match t.outcome.manifest.take() {
+        Some(manifest) => Ok(InnerPass::Done {
+            run,
+            shown,
+            manifest: Box::new(manifest),
+            trained_in: Some(t.outcome.wall),
+        }),
+        None => Ok(InnerPass::Interrupted(Box::new(t))),
     }
-    Ok(Selection::Done {
-        run: sel_run,
-        test: sel.outcome.manifest.and_then(|m| m.metrics.test),
-        stages: sel.outcome.stages,
-    })
 }
 
 /// The refit pass's config: `job`'s, each stage trained for the selection pass's best epoch

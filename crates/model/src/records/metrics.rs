@@ -88,6 +88,16 @@ pub struct BinsCandidate {
     pub run: String,
 }
 
+impl BinsCandidate {
+    /// `no bins`, `8 bins`: how kiln names a bin count in its output.
+    pub fn label(bins: usize) -> String {
+        match bins {
+            0 => "no bins".to_string(),
+            n => format!("{n} bins"),
+        }
+    }
+}
+
 impl NumericBinsChoice {
     /// Choose among `candidates`: the lowest finite loss, a tie to fewer bins; none finite:
     /// the values alone.
@@ -115,10 +125,7 @@ impl NumericBinsChoice {
             return "numeric_bins auto: no feature takes bins, so there is nothing to choose"
                 .to_string();
         }
-        let bins = |n: usize| match n {
-            0 => "no bins".to_string(),
-            n => format!("{n} bins"),
-        };
+        let bins = BinsCandidate::label;
         let others: Vec<String> = self
             .candidates
             .iter()
